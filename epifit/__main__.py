@@ -1,0 +1,5 @@
+import sys
+
+from epifit.cli import main
+
+sys.exit(main())

@@ -1,0 +1,2 @@
+from .base import AbstractAdjoint as AbstractAdjoint
+from .checkpoint import CheckpointAdjoint as CheckpointAdjoint

@@ -1,0 +1,21 @@
+"""Adjoint interface: how a solve is differentiated."""
+
+from __future__ import annotations
+
+import abc
+
+import equinox as eqx
+
+
+class AbstractAdjoint(eqx.Module):
+    """Decides how reverse-mode derivatives of a solve are computed.
+
+    `loop(integrator, grid, y0, args, values, dt0)` integrates over every segment
+    and returns `(ys, stats, fail)`, with `ys` the states at all segment
+    boundaries; its custom VJP defines the gradient. Only `y0`, `args` and the
+    input `values` are differentiated; a cotangent is formed for an input leaf
+    only when the caller differentiates with respect to it.
+    """
+
+    @abc.abstractmethod
+    def loop(self, integrator, grid, y0, args, values, dt0): ...

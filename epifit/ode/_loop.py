@@ -1,0 +1,342 @@
+"""The segment grid, the step loop inside one segment, and the scan over segments.
+
+A solve runs over *segments*: the intervals between consecutive points of the
+union of the save times and the input break times. Inside a segment the inputs
+are constant, so the vector field is smooth there; the solver state (FSAL) is
+rebuilt at each boundary. Segment ends are exact: the last step of a segment is
+clipped to land on its end.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import equinox as eqx
+import jax
+import jax.lax as lax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+
+from ._errors import Result
+from ._misc import rms_norm, tree_all_finite, tree_where
+from ._solver import AbstractAdaptiveSolver
+from ._step_size import AbstractAdaptiveStepSizeController, ConstantStepSize
+
+
+class Grid(NamedTuple):
+    """Concrete (NumPy) description of the segments of a solve."""
+
+    bounds: np.ndarray  # (n_seg + 1,) segment boundaries
+    input_index: np.ndarray  # (n_seg,) which input value holds on each segment
+    save_index: np.ndarray  # (n_save,) index into bounds of each save time
+    n_fixed: np.ndarray  # (n_seg,) steps per segment for ConstantStepSize (else 1)
+
+
+def make_grid(ts: np.ndarray, input_times: np.ndarray | None, dt0_fixed: float | None):
+    ts = np.asarray(ts, dtype=np.float64)
+    t0, t1 = ts[0], ts[-1]
+    pts = [ts]
+    if input_times is not None:
+        it = np.asarray(input_times, dtype=np.float64)
+        pts.append(it[(it > t0) & (it < t1)])
+    allpts = np.unique(np.concatenate(pts))
+    # Merge boundaries closer than rounding (e.g. 0.5 - 1e-17 and 0.5).
+    scale = max(1.0, abs(t0), abs(t1))
+    keep = np.concatenate([[True], np.diff(allpts) > 1e-12 * scale])
+    bounds = allpts[keep]
+    if bounds.size < 2:
+        raise ValueError(
+            f"solve needs ts spanning an interval; got ts from {t0} to {t1}."
+        )
+    if input_times is None:
+        input_index = np.zeros(bounds.size - 1, dtype=np.int32)
+    else:
+        it = np.asarray(input_times, dtype=np.float64)
+        k = np.searchsorted(it, bounds[:-1] + 1e-12 * scale, side="right") - 1
+        input_index = np.clip(k, 0, it.size - 1).astype(np.int32)
+    save_index = np.searchsorted(bounds, ts - 1e-12 * scale, side="left").astype(
+        np.int32
+    )
+    if dt0_fixed is None:
+        n_fixed = np.ones(bounds.size - 1, dtype=np.int32)
+    else:
+        n_fixed = np.maximum(
+            1, np.ceil(np.diff(bounds) / dt0_fixed - 1e-9).astype(np.int32)
+        )
+    return Grid(bounds, input_index, save_index, n_fixed)
+
+
+class SegmentStats(NamedTuple):
+    n_accepted: jax.Array
+    n_rejected: jax.Array
+    n_evals: jax.Array
+
+
+def _zero_stats():
+    z = jnp.zeros((), jnp.int32)
+    return SegmentStats(z, z, z)
+
+
+def _add_stats(a, b):
+    return SegmentStats(*(x + y for x, y in zip(a, b, strict=True)))
+
+
+class Integrator(eqx.Module):
+    """Everything static about a solve: the vector field, solver, controller, grid."""
+
+    vf: object = eqx.field(static=True)
+    solver: object
+    controller: object
+    max_steps: int = eqx.field(static=True)
+
+    @property
+    def adaptive(self):
+        return isinstance(self.controller, AbstractAdaptiveStepSizeController)
+
+    def initial_dt(self, t0, t1, y0, args, u):
+        """Hairer's initial step-size heuristic (one extra vector-field evaluation)."""
+        c = self.controller
+        f0 = self.vf(t0, y0, args, u)
+
+        def scaled(x, y):
+            return x / (c.atol + c.rtol * jnp.abs(y))
+
+        d0 = rms_norm(jtu.tree_map(scaled, y0, y0))
+        d1 = rms_norm(jtu.tree_map(scaled, f0, y0))
+        h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
+        y1 = jtu.tree_map(lambda y, f: y + h0 * f, y0, f0)
+        f1 = self.vf(t0 + h0, y1, args, u)
+        d2 = rms_norm(jtu.tree_map(lambda a, b, y: scaled(a - b, y), f1, f0, y0)) / h0
+        order = self.solver.order
+        h1 = jnp.where(
+            jnp.maximum(d1, d2) <= 1e-15,
+            jnp.maximum(1e-6, h0 * 1e-3),
+            (0.01 / jnp.maximum(d1, d2)) ** (1.0 / order),
+        )
+        h = jnp.minimum(100 * h0, h1)
+        h = jnp.where(jnp.isfinite(h), h, t1 - t0)
+        return jnp.minimum(h, t1 - t0).astype(h0.dtype)
+
+    # ------------------------------------------------------------------ segment
+    def segment(self, a, b, y, args, u, dt, n_fixed, record: bool, active=True):
+        """Integrate one segment from `a` to `b`.
+
+        Returns `(y_b, dt_next, stats, code, t_fail, times)` where `times` (when
+        `record`) is a buffer of length `max_steps` holding the end time of each
+        accepted step, for the discrete adjoint's replay.
+        """
+        if self.adaptive:
+            return self._adaptive_segment(a, b, y, args, u, dt, record, active)
+        return self._fixed_segment(a, b, y, args, u, dt, n_fixed, record, active)
+
+    def _fixed_segment(self, a, b, y, args, u, dt, n_fixed, record, active):
+        solver, vf = self.solver, self.vf
+        h = (b - a) / n_fixed.astype(a.dtype)
+        fstate, ne0 = solver.init(vf, a, y, args, u)
+        times = jnp.zeros((self.max_steps if record else 0,), a.dtype)
+
+        def body(i, carry):
+            y, fstate, nfe, times = carry
+            t0 = a + i.astype(a.dtype) * h
+            t1 = jnp.where(i + 1 == n_fixed, b, t0 + h)
+            y1, _, fstate, ne = solver.step(vf, t0, t1, y, args, u, fstate)
+            if record:
+                times = times.at[i].set(t1)
+            return y1, fstate, nfe + ne, times
+
+        n = jnp.where(active, jnp.minimum(n_fixed, self.max_steps), 0)
+        y, _, nfe, times = lax.fori_loop(
+            0, n, body, (y, fstate, jnp.asarray(ne0, jnp.int32), times)
+        )
+        finite = tree_all_finite(y)
+        code = jnp.where(
+            n_fixed > self.max_steps,
+            Result.MAX_STEPS_REACHED,
+            jnp.where(finite, Result.SUCCESSFUL, Result.NONFINITE_STATE),
+        ).astype(jnp.int32)
+        stats = SegmentStats(n.astype(jnp.int32), jnp.zeros((), jnp.int32), nfe)
+        return y, dt, stats, code, b, times
+
+    def _adaptive_segment(self, a, b, y, args, u, dt, record, active):
+        solver, vf, ctrl = self.solver, self.vf, self.controller
+        error_order = solver.error_order
+        fstate, ne0 = solver.init(vf, a, y, args, u)
+        cstate = ctrl.init(a.dtype)
+        times = jnp.zeros((self.max_steps if record else 0,), a.dtype)
+        eps = jnp.finfo(a.dtype).eps
+        dtmin = jnp.maximum(ctrl.dtmin, 16 * eps * jnp.maximum(jnp.abs(b), 1.0))
+        zero = jnp.zeros((), jnp.int32)
+
+        class Carry(NamedTuple):
+            t: jax.Array
+            y: object
+            fstate: object
+            dt: jax.Array
+            cstate: object
+            n_acc: jax.Array
+            n_rej: jax.Array
+            nfe: jax.Array
+            code: jax.Array
+            times: jax.Array
+
+        def cond(c):
+            return (c.t < b) & (c.code == Result.SUCCESSFUL) & active
+
+        def body(c):
+            last = c.t + c.dt >= b
+            t1 = jnp.where(last, b, c.t + c.dt)
+            h = t1 - c.t
+            y1, y_err, fnew, ne = solver.step(vf, c.t, t1, c.y, args, u, c.fstate)
+            accept, dt_next, cnew = ctrl.adapt(c.y, y1, y_err, h, error_order, c.cstate)
+            # A clipped last step says nothing against the step proposed before it.
+            dt_next = jnp.where(
+                accept & last & (h < c.dt), jnp.maximum(dt_next, c.dt), dt_next
+            )
+            t = jnp.where(accept, t1, c.t)
+            y_new = tree_where(accept, y1, c.y)
+            fstate = tree_where(accept, fnew, c.fstate)
+            cstate = tree_where(accept, cnew, c.cstate)
+            n_acc = c.n_acc + accept.astype(jnp.int32)
+            n_rej = c.n_rej + (~accept).astype(jnp.int32)
+            if record:
+                times = c.times.at[jnp.minimum(c.n_acc, self.max_steps - 1)].set(
+                    jnp.where(
+                        accept, t1, c.times[jnp.minimum(c.n_acc, self.max_steps - 1)]
+                    )
+                )
+            else:
+                times = c.times
+            finite_y1 = tree_all_finite(y1)
+            done = t >= b
+            code = jnp.where(
+                done,
+                Result.SUCCESSFUL,
+                jnp.where(
+                    dt_next < dtmin,
+                    jnp.where(finite_y1, Result.DT_MIN_REACHED, Result.NONFINITE_STATE),
+                    jnp.where(
+                        n_acc + n_rej >= self.max_steps,
+                        Result.MAX_STEPS_REACHED,
+                        Result.SUCCESSFUL,
+                    ),
+                ),
+            ).astype(jnp.int32)
+            return Carry(
+                t, y_new, fstate, dt_next, cstate, n_acc, n_rej, c.nfe + ne, code, times
+            )
+
+        dt = jnp.minimum(dt, b - a)
+        init = Carry(
+            a,
+            y,
+            fstate,
+            dt,
+            cstate,
+            zero,
+            zero,
+            jnp.asarray(ne0, jnp.int32),
+            zero,
+            times,
+        )
+        c = lax.while_loop(cond, body, init)
+        stats = SegmentStats(c.n_acc, c.n_rej, c.nfe)
+        return c.y, c.dt, stats, c.code, c.t, c.times
+
+    # ---------------------------------------------------------------- full scan
+    def run(self, grid: Grid, y0, args, values, dt0, record: bool):
+        """Scan over all segments.
+
+        Returns `(ys, stats, fail, times, n_acc)`: `ys` stacks the state at every
+        segment boundary (leading axis `n_seg + 1`); `fail` is
+        `(code, segment, t)` of the first failure (code 0 if none).
+        """
+        dtype = jnp.result_type(*jtu.tree_leaves(y0))
+        bounds = jnp.asarray(grid.bounds, dtype)
+        xs = (
+            bounds[:-1],
+            bounds[1:],
+            jnp.asarray(grid.input_index),
+            jnp.asarray(grid.n_fixed),
+            jnp.arange(grid.input_index.size, dtype=jnp.int32),
+        )
+
+        def u_at(k):
+            if values is None:
+                return None
+            return jtu.tree_map(
+                lambda v: lax.dynamic_index_in_dim(v, k, 0, False), values
+            )
+
+        if self.adaptive:
+            if dt0 is None:
+                dt_init = self.initial_dt(
+                    bounds[0],
+                    bounds[1],
+                    y0,
+                    args,
+                    u_at(jnp.asarray(grid.input_index[0])),
+                )
+            else:
+                dt_init = jnp.asarray(dt0, dtype)
+        else:
+            dt_init = jnp.asarray(0.0, dtype)
+
+        class Carry(NamedTuple):
+            y: object
+            dt: jax.Array
+            stats: SegmentStats
+            code: jax.Array
+            seg: jax.Array
+            t_fail: jax.Array
+
+        def body(c, x):
+            a, b, idx, n_fixed, k = x
+            u = u_at(idx)
+
+            active = c.code == Result.SUCCESSFUL
+            y, dt, st, code, t_end, times = self.segment(
+                a, b, c.y, args, u, c.dt, n_fixed, record, active
+            )
+            code = jnp.where(active, code, c.code)
+            new_fail = (c.code == 0) & (code != 0)
+            out_y = tree_where(
+                code != 0, jtu.tree_map(lambda v: jnp.full_like(v, jnp.nan), y), y
+            )
+            carry = Carry(
+                y,
+                dt,
+                _add_stats(c.stats, st),
+                code,
+                jnp.where(new_fail, k, c.seg),
+                jnp.where(new_fail, t_end, c.t_fail),
+            )
+            return carry, (out_y, times, st.n_accepted)
+
+        init = Carry(
+            y0,
+            dt_init,
+            _zero_stats(),
+            jnp.zeros((), jnp.int32),
+            jnp.zeros((), jnp.int32),
+            bounds[0],
+        )
+        c, (ys, times, n_acc) = lax.scan(body, init, xs)
+        ys = jtu.tree_map(lambda a, b: jnp.concatenate([a[None], b], 0), y0, ys)
+        return ys, c.stats, (c.code, c.seg, c.t_fail), times, n_acc
+
+
+def check_solver_controller(solver, controller):
+    if isinstance(controller, AbstractAdaptiveStepSizeController):
+        if not isinstance(solver, AbstractAdaptiveSolver):
+            raise ValueError(
+                f"{type(controller).__name__} needs an adaptive solver such as "
+                f"Tsit5(); "
+                f"got {type(solver).__name__}(). Use "
+                "stepsize_controller=ConstantStepSize(dt0) for fixed steps."
+            )
+    elif not isinstance(controller, ConstantStepSize):
+        raise TypeError(
+            "stepsize_controller must be a PIDController or a ConstantStepSize; got "
+            f"{type(controller).__name__}."
+        )

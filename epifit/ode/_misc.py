@@ -1,0 +1,47 @@
+"""Small pytree helpers shared by the ODE core."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import jax.tree_util as jtu
+
+
+def rms_norm(tree):
+    """Root mean square over every element of every leaf (the usual ODE error norm)."""
+    leaves = jtu.tree_leaves(tree)
+    sq = sum(jnp.sum(jnp.square(x)) for x in leaves)
+    n = sum(x.size for x in leaves)
+    return jnp.sqrt(sq / n)
+
+
+def tree_all_finite(tree):
+    leaves = jtu.tree_leaves(tree)
+    if not leaves:
+        return jnp.array(True)
+    out = jnp.all(jnp.isfinite(leaves[0]))
+    for x in leaves[1:]:
+        out = out & jnp.all(jnp.isfinite(x))
+    return out
+
+
+def tree_where(pred, a, b):
+    return jtu.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
+
+
+def tree_add(a, b):
+    return jtu.tree_map(jnp.add, a, b)
+
+
+def tree_zeros_like(tree):
+    return jtu.tree_map(jnp.zeros_like, tree)
+
+
+def state_dtype(y0):
+    """The floating dtype of the time variable: that of the state."""
+    leaves = jtu.tree_leaves(y0)
+    if not leaves:
+        raise ValueError("y0 must contain at least one array.")
+    dt = jnp.result_type(*leaves)
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise TypeError(f"y0 must hold floating-point arrays; got dtype {dt}.")
+    return dt

@@ -1,0 +1,167 @@
+"""The one entry point of the ODE core."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+
+from ._adjoint.base import AbstractAdjoint
+from ._adjoint.checkpoint import CheckpointAdjoint
+from ._errors import Result, SolverError, format_failure
+from ._inputs import PiecewiseConstant
+from ._loop import Integrator, check_solver_controller, make_grid
+from ._misc import state_dtype
+from ._solution import Solution
+from ._solver import AbstractSolver, Tsit5
+from ._step_size import ConstantStepSize, PIDController
+
+
+def solve(
+    vector_field,
+    y0,
+    args=None,
+    *,
+    ts,
+    inputs: PiecewiseConstant | None = None,
+    solver: AbstractSolver | None = None,
+    stepsize_controller=None,
+    adjoint: AbstractAdjoint | None = None,
+    dt0: float | None = None,
+    max_steps: int = 4096,
+    throw: bool = True,
+) -> Solution:
+    """Integrate `dy/dt = vector_field(t, y, args, u)` segment by segment.
+
+    The integration runs from `ts[0]` to `ts[-1]` over *segments*: the intervals
+    between consecutive points of the union of the save times `ts` and the break
+    times of `inputs`. On each segment the inputs are constant (`u` is the slice
+    of `inputs.values` that holds there); the solver restarts at each boundary, so
+    no step crosses a jump of the inputs, and each saved state is an exact
+    segment end.
+
+    Args:
+        vector_field: `f(t, y, args, u) -> dy/dt`, with `dy/dt` the same pytree
+            as `y`; `u` is `None` when there are no inputs.
+        y0: the initial state, any pytree of floating arrays.
+        args: differentiable arguments (parameters, per-solve constants).
+        ts: the save times, concrete and increasing (NumPy or a Python list);
+            the first is the initial time.
+        inputs: piecewise-constant inputs (covariates) whose break times become
+            segment boundaries.
+        solver: a solver; default [`epifit.ode.Tsit5`][].
+        stepsize_controller: [`epifit.ode.PIDController`][] (default, `rtol=1e-3,
+            atol=1e-6`) or [`epifit.ode.ConstantStepSize`][].
+        adjoint: how to differentiate; default [`epifit.ode.CheckpointAdjoint`][].
+        dt0: the first step of an adaptive solve (default: chosen
+            automatically).
+        max_steps: the most steps (accepted plus rejected) in one segment.
+        throw: raise on failure. Outside `jit` a [`epifit.ode.SolverError`][]
+            naming the segment, time and cause is raised; inside `jit` the same
+            message is raised at run time. With `throw=False` failures are
+            reported in `Solution.result` and the states after the failure are
+            NaN.
+
+    Returns:
+        A [`epifit.ode.Solution`][].
+
+    Raises:
+        ValueError, TypeError: on bad arguments, at trace time.
+        SolverError: when the solve fails and `throw=True`.
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> from epifit.ode import solve, PIDController
+        >>> sol = solve(lambda t, y, args, u: -args * y, jnp.array(1.0), 0.5,
+        ...             ts=[0.0, 1.0, 2.0],
+        ...             stepsize_controller=PIDController(rtol=1e-8, atol=1e-10))
+        >>> round(float(sol.ys[-1]), 6) == round(float(jnp.exp(-1.0)), 6)
+        True
+    """
+    solver = Tsit5() if solver is None else solver
+    if stepsize_controller is None:
+        stepsize_controller = PIDController()
+    adjoint = CheckpointAdjoint() if adjoint is None else adjoint
+    if not isinstance(solver, AbstractSolver):
+        raise TypeError(
+            f"solver must be an epifit.ode solver such as Tsit5(); got {solver!r}."
+        )
+    if not isinstance(adjoint, AbstractAdjoint):
+        raise TypeError(
+            "adjoint must be an epifit.ode adjoint such as CheckpointAdjoint(); "
+            f"got {adjoint!r}."
+        )
+    check_solver_controller(solver, stepsize_controller)
+    if isinstance(ts, jax.core.Tracer):
+        raise TypeError(
+            "ts must be concrete (a NumPy array or list): the segment grid is built at "
+            "trace time. Pass ts as a static value, not a traced argument."
+        )
+    ts_np = np.asarray(ts, dtype=np.float64)
+    if ts_np.ndim != 1 or ts_np.size < 2:
+        raise ValueError(
+            f"ts must be a 1-D array of at least 2 times; got shape {ts_np.shape}."
+        )
+    if not np.all(np.diff(ts_np) > 0):
+        raise ValueError("ts must be strictly increasing.")
+    if inputs is not None and not isinstance(inputs, PiecewiseConstant):
+        raise TypeError(
+            f"inputs must be a PiecewiseConstant; got {type(inputs).__name__}."
+        )
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1; got {max_steps}.")
+    dtype = state_dtype(y0)
+    fixed_dt = (
+        stepsize_controller.dt0
+        if isinstance(stepsize_controller, ConstantStepSize)
+        else None
+    )
+    grid = make_grid(
+        ts_np, None if inputs is None else np.asarray(inputs.times), fixed_dt
+    )
+    values = None if inputs is None else inputs.values
+    integ = Integrator(vector_field, solver, stepsize_controller, max_steps)
+    ys_all, stats, fail = adjoint.loop(integ, grid, y0, args, values, dt0)
+    save = jnp.asarray(grid.save_index)
+    ys = jtu.tree_map(lambda v: v[save], ys_all)
+    code, seg, t_fail = fail
+    if throw:
+        ys = _raise_if_failed(ys, code, seg, t_fail, grid, max_steps)
+    stats = {
+        "num_accepted_steps": stats.n_accepted,
+        "num_rejected_steps": stats.n_rejected,
+        "num_rhs_evals": stats.n_evals,
+        "num_segments": grid.input_index.size,
+    }
+    return Solution(jnp.asarray(ts_np, dtype), ys, stats, code, seg, t_fail)
+
+
+def _message(code, seg, t_fail, grid, max_steps):
+    seg = int(seg)
+    return format_failure(
+        int(code),
+        seg,
+        float(t_fail),
+        float(grid.bounds[seg]),
+        float(grid.bounds[seg + 1]),
+        max_steps,
+    )
+
+
+def _raise_if_failed(ys, code, seg, t_fail, grid, max_steps):
+    if not isinstance(code, jax.core.Tracer):
+        if int(code) != Result.SUCCESSFUL:
+            raise SolverError(_message(code, seg, t_fail, grid, max_steps))
+        return ys
+
+    def check(code, seg, t_fail):
+        code, seg, t_fail = np.asarray(code), np.asarray(seg), np.asarray(t_fail)
+        for c, k, t in zip(code.ravel(), seg.ravel(), t_fail.ravel(), strict=True):
+            if int(c) != Result.SUCCESSFUL:
+                raise SolverError(_message(c, k, t, grid, max_steps))
+
+    # An effectful callback: never removed by dead-code elimination, and
+    # transparent to differentiation.
+    jax.debug.callback(check, code, seg, jax.lax.stop_gradient(t_fail))
+    return ys

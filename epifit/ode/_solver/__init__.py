@@ -1,0 +1,11 @@
+from ._erk import AbstractAdaptiveERK as AbstractAdaptiveERK
+from ._erk import AbstractERK as AbstractERK
+from ._erk import ButcherTableau as ButcherTableau
+from .base import AbstractAdaptiveSolver as AbstractAdaptiveSolver
+from .base import AbstractImplicitSolver as AbstractImplicitSolver
+from .base import AbstractSolver as AbstractSolver
+from .bosh3 import Bosh3 as Bosh3
+from .dopri5 import Dopri5 as Dopri5
+from .euler import Euler as Euler
+from .rk4 import RK4 as RK4
+from .tsit5 import Tsit5 as Tsit5
