@@ -4,10 +4,16 @@ It knows nothing of epidemics. See `epifit/ode/README.md` for the contracts.
 """
 
 from ._adjoint import AbstractAdjoint as AbstractAdjoint
+from ._adjoint import BacksolveAdjoint as BacksolveAdjoint
 from ._adjoint import CheckpointAdjoint as CheckpointAdjoint
+from ._adjoint import ForwardAdjoint as ForwardAdjoint
+from ._adjoint import InterpolatingAdjoint as InterpolatingAdjoint
+from ._adjoint import QuadratureAdjoint as QuadratureAdjoint
+from ._adjoint import forward_mode as forward_mode
 from ._errors import Result as Result
 from ._errors import SolverError as SolverError
 from ._inputs import PiecewiseConstant as PiecewiseConstant
+from ._jacobian import jacobian as jacobian
 from ._solution import Solution as Solution
 from ._solve import solve as solve
 from ._solver import RK4 as RK4
@@ -18,6 +24,8 @@ from ._solver import Bosh3 as Bosh3
 from ._solver import ButcherTableau as ButcherTableau
 from ._solver import Dopri5 as Dopri5
 from ._solver import Euler as Euler
+from ._solver import Kvaerno3 as Kvaerno3
+from ._solver import Kvaerno5 as Kvaerno5
 from ._solver import Tsit5 as Tsit5
 from ._step_size import AbstractStepSizeController as AbstractStepSizeController
 from ._step_size import ConstantStepSize as ConstantStepSize

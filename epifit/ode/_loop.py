@@ -89,6 +89,8 @@ class Integrator(eqx.Module):
     solver: object
     controller: object
     max_steps: int = eqx.field(static=True)
+    # Optional: restricts the error norm to part of the state (seminorms).
+    norm_select: object = eqx.field(static=True, default=None)
 
     @property
     def adaptive(self):
@@ -119,15 +121,23 @@ class Integrator(eqx.Module):
         return jnp.minimum(h, t1 - t0).astype(h0.dtype)
 
     # ------------------------------------------------------------------ segment
-    def segment(self, a, b, y, args, u, dt, n_fixed, record: bool, active=True):
+    def segment(
+        self, a, b, y, args, u, dt, n_fixed, record: bool, active=True, quad=None
+    ):
         """Integrate one segment from `a` to `b`.
 
         Returns `(y_b, dt_next, stats, code, t_fail, times)` where `times` (when
         `record`) is a buffer of length `max_steps` holding the end time of each
         accepted step, for the discrete adjoint's replay.
+
+        `quad = (fn, acc0)` accumulates `acc = fn(acc, t0, t1, y0, y1, f0, f1)` over
+        the accepted steps of an adaptive segment (with `f0`, `f1` the solver's
+        first-same-as-last states); then the accumulator is returned last.
         """
         if self.adaptive:
-            return self._adaptive_segment(a, b, y, args, u, dt, record, active)
+            return self._adaptive_segment(a, b, y, args, u, dt, record, active, quad)
+        if quad is not None:
+            raise NotImplementedError("quadrature needs an adaptive controller")
         return self._fixed_segment(a, b, y, args, u, dt, n_fixed, record, active)
 
     def _fixed_segment(self, a, b, y, args, u, dt, n_fixed, record, active):
@@ -158,7 +168,7 @@ class Integrator(eqx.Module):
         stats = SegmentStats(n.astype(jnp.int32), jnp.zeros((), jnp.int32), nfe)
         return y, dt, stats, code, b, times
 
-    def _adaptive_segment(self, a, b, y, args, u, dt, record, active):
+    def _adaptive_segment(self, a, b, y, args, u, dt, record, active, quad=None):
         solver, vf, ctrl = self.solver, self.vf, self.controller
         error_order = solver.error_order
         fstate, ne0 = solver.init(vf, a, y, args, u)
@@ -179,6 +189,7 @@ class Integrator(eqx.Module):
             nfe: jax.Array
             code: jax.Array
             times: jax.Array
+            acc: object
 
         def cond(c):
             return (c.t < b) & (c.code == Result.SUCCESSFUL) & active
@@ -188,7 +199,21 @@ class Integrator(eqx.Module):
             t1 = jnp.where(last, b, c.t + c.dt)
             h = t1 - c.t
             y1, y_err, fnew, ne = solver.step(vf, c.t, t1, c.y, args, u, c.fstate)
-            accept, dt_next, cnew = ctrl.adapt(c.y, y1, y_err, h, error_order, c.cstate)
+            sel = self.norm_select
+            if sel is None:
+                accept, dt_next, cnew = ctrl.adapt(
+                    c.y, y1, y_err, h, error_order, c.cstate
+                )
+            else:
+                accept, dt_next, cnew = ctrl.adapt(
+                    sel(c.y), sel(y1), sel(y_err), h, error_order, c.cstate
+                )
+            if quad is None:
+                acc = c.acc
+            else:
+                acc = tree_where(
+                    accept, quad[0](c.acc, c.t, t1, c.y, y1, c.fstate, fnew), c.acc
+                )
             # A clipped last step says nothing against the step proposed before it.
             dt_next = jnp.where(
                 accept & last & (h < c.dt), jnp.maximum(dt_next, c.dt), dt_next
@@ -223,10 +248,21 @@ class Integrator(eqx.Module):
                 ),
             ).astype(jnp.int32)
             return Carry(
-                t, y_new, fstate, dt_next, cstate, n_acc, n_rej, c.nfe + ne, code, times
+                t,
+                y_new,
+                fstate,
+                dt_next,
+                cstate,
+                n_acc,
+                n_rej,
+                c.nfe + ne,
+                code,
+                times,
+                acc,
             )
 
         dt = jnp.minimum(dt, b - a)
+        acc0 = None if quad is None else quad[1]
         init = Carry(
             a,
             y,
@@ -238,9 +274,12 @@ class Integrator(eqx.Module):
             jnp.asarray(ne0, jnp.int32),
             zero,
             times,
+            acc0,
         )
         c = lax.while_loop(cond, body, init)
         stats = SegmentStats(c.n_acc, c.n_rej, c.nfe)
+        if quad is not None:
+            return c.y, c.dt, stats, c.code, c.t, c.times, c.acc
         return c.y, c.dt, stats, c.code, c.t, c.times
 
     # ---------------------------------------------------------------- full scan
@@ -268,8 +307,11 @@ class Integrator(eqx.Module):
                 lambda v: lax.dynamic_index_in_dim(v, k, 0, False), values
             )
 
+        stats0 = _zero_stats()
         if self.adaptive:
             if dt0 is None:
+                # The heuristic evaluates the vector field twice: count them.
+                stats0 = stats0._replace(n_evals=jnp.asarray(2, jnp.int32))
                 dt_init = self.initial_dt(
                     bounds[0],
                     bounds[1],
@@ -316,7 +358,7 @@ class Integrator(eqx.Module):
         init = Carry(
             y0,
             dt_init,
-            _zero_stats(),
+            stats0,
             jnp.zeros((), jnp.int32),
             jnp.zeros((), jnp.int32),
             bounds[0],

@@ -1,10 +1,40 @@
-"""Helpers shared by the adjoints."""
+"""Scaffolding shared by the reverse-mode adjoints.
+
+Every reverse adjoint wraps the segment scan in a `jax.custom_vjp` (with
+`symbolic_zeros=True`, so it sees which leaves of `y0`, `args` and the input
+values are differentiated) and walks the segments in reverse in its backward
+pass. An adjoint supplies only `segment_backward`, the pull-back through one
+segment.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
+import jax
+import jax.lax as lax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.custom_derivatives import SymbolicZero
+
+from .._misc import tree_add
+
+_FORWARD_MODE = contextvars.ContextVar("epifit_forward_mode", default=False)
+
+
+@contextlib.contextmanager
+def forward_mode():
+    """Within this context every solve is forward-differentiable (no custom VJP)."""
+    token = _FORWARD_MODE.set(True)
+    try:
+        yield
+    finally:
+        _FORWARD_MODE.reset(token)
+
+
+def in_forward_mode() -> bool:
+    return _FORWARD_MODE.get()
 
 
 def materialize(x):
@@ -14,7 +44,7 @@ def materialize(x):
     return x
 
 
-def split_perturbed(leaves, flags):
+def perturbed_index(leaves, flags):
     """Indices of perturbed (differentiated) floating leaves."""
     return [
         i
@@ -30,5 +60,132 @@ def merge(leaves, idx, sub):
     return out
 
 
-def leaves_of(tree):
-    return jtu.tree_flatten(tree)
+class SegmentContext:
+    """What a segment's pull-back needs to rebuild the vector field's arguments."""
+
+    def __init__(self, integ, grid, a_l, a_idx, a_def, v_idx, v_def, dtype):
+        self.integ = integ
+        self.grid = grid
+        self.a_l = a_l
+        self.a_idx = a_idx
+        self.a_def = a_def
+        self.v_idx = v_idx
+        self.v_def = v_def
+        self.dtype = dtype
+
+    def args(self, ap):
+        return jtu.tree_unflatten(self.a_def, merge(self.a_l, self.a_idx, ap))
+
+    def inputs(self, u_l, up):
+        if not u_l:
+            return None
+        return jtu.tree_unflatten(self.v_def, merge(u_l, self.v_idx, up))
+
+    def vf(self, t, y, ap, up, u_l):
+        """The vector field with the differentiated leaves substituted."""
+        return self.integ.vf(t, y, self.args(ap), self.inputs(u_l, up))
+
+
+def reverse_loop(adjoint, integ, grid, y0, args, values, dt0, record: bool):
+    """Run the segment scan under a custom VJP defined by `adjoint.segment_backward`.
+
+    `adjoint.segment_backward(ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up,
+    times_k, n_k)` returns `(adj_y_at_a, grad_a_p, grad_up)` for one segment.
+    """
+    if in_forward_mode():
+        ys, stats, fail, _, _ = integ.run(grid, y0, args, values, dt0, record=False)
+        return ys, stats, fail
+    y0_l, y0_def = jtu.tree_flatten(y0)
+    a_l, a_def = jtu.tree_flatten(args)
+    v_l, v_def = jtu.tree_flatten(values)
+    box = {}
+
+    def unflat(y_l, a_l_, v_l_):
+        return (
+            jtu.tree_unflatten(y0_def, y_l),
+            jtu.tree_unflatten(a_def, a_l_),
+            jtu.tree_unflatten(v_def, v_l_) if v_l_ else values,
+        )
+
+    @jax.custom_vjp
+    def run(y_l, a_l_, v_l_):
+        y, a, v = unflat(y_l, a_l_, v_l_)
+        ys, stats, fail, _, _ = integ.run(grid, y, a, v, dt0, record=False)
+        return ys, stats, fail
+
+    def fwd(y_p, a_p, v_p):
+        y_l_ = [p.value for p in y_p]
+        a_l_ = [p.value for p in a_p]
+        v_l_ = [p.value for p in v_p]
+        box["a_idx"] = perturbed_index(a_l_, [p.perturbed for p in a_p])
+        box["v_idx"] = perturbed_index(v_l_, [p.perturbed for p in v_p])
+        box["y_pert"] = [p.perturbed for p in y_p]
+        y, a, v = unflat(y_l_, a_l_, v_l_)
+        ys, stats, fail, times, n_acc = integ.run(grid, y, a, v, dt0, record=record)
+        return (ys, stats, fail), (a_l_, v_l_, ys, times, n_acc)
+
+    def bwd(res, ct):
+        a_l_, v_l_, ys, times, n_acc = res
+        a_idx, v_idx = box["a_idx"], box["v_idx"]
+        ct_ys = jtu.tree_map(materialize, ct[0])
+        dtype = jnp.result_type(*jtu.tree_leaves(ys))
+        ctx = SegmentContext(integ, grid, a_l_, a_idx, a_def, v_idx, v_def, dtype)
+        adj_y, adj_a, adj_v = _reverse_scan(adjoint, ctx, ys, ct_ys, v_l_, times, n_acc)
+        adj_y_l = [
+            g if p else None
+            for g, p in zip(jtu.tree_leaves(adj_y), box["y_pert"], strict=True)
+        ]
+        adj_a_l = [None] * len(a_l_)
+        for i, g in zip(a_idx, adj_a, strict=True):
+            adj_a_l[i] = g
+        adj_v_l = [None] * len(v_l_)
+        for i, g in zip(v_idx, adj_v, strict=True):
+            adj_v_l[i] = g
+        return adj_y_l, adj_a_l, adj_v_l
+
+    run.defvjp(fwd, bwd, symbolic_zeros=True)
+    return run(y0_l, a_l, v_l)
+
+
+def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc):
+    grid = ctx.grid
+    bounds = jnp.asarray(grid.bounds, ctx.dtype)
+    n_seg = grid.input_index.size
+    a_p = [ctx.a_l[i] for i in ctx.a_idx]
+
+    def body(carry, x):
+        adj_y, adj_a, adj_v = carry
+        k, idx = x
+        y_a = jtu.tree_map(lambda v: v[k], ys)
+        y_b = jtu.tree_map(lambda v: v[k + 1], ys)
+        u_l = [lax.dynamic_index_in_dim(v, idx, 0, False) for v in v_l]
+        up = [u_l[i] for i in ctx.v_idx]
+        adj_y, g_a, g_u = adjoint.segment_backward(
+            ctx,
+            k,
+            bounds[k],
+            bounds[k + 1],
+            y_a,
+            y_b,
+            adj_y,
+            a_p,
+            u_l,
+            up,
+            times[k],
+            n_acc[k],
+        )
+        adj_a = [x + g.astype(x.dtype) for x, g in zip(adj_a, g_a, strict=True)]
+        adj_v = [
+            x.at[idx].add(g.astype(x.dtype)) for x, g in zip(adj_v, g_u, strict=True)
+        ]
+        adj_y = tree_add(adj_y, jtu.tree_map(lambda c: c[k], ct_ys))
+        return (adj_y, adj_a, adj_v), None
+
+    init = (
+        jtu.tree_map(lambda c: c[n_seg], ct_ys),
+        [jnp.zeros_like(x) for x in a_p],
+        [jnp.zeros_like(v_l[i]) for i in ctx.v_idx],
+    )
+    xs = (jnp.arange(n_seg, dtype=jnp.int32), jnp.asarray(grid.input_index))
+    (adj_y, adj_a, adj_v), _ = lax.scan(body, init, xs, reverse=True)
+    return adj_y, adj_a, adj_v

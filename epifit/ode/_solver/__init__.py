@@ -1,11 +1,15 @@
 from ._erk import AbstractAdaptiveERK as AbstractAdaptiveERK
 from ._erk import AbstractERK as AbstractERK
 from ._erk import ButcherTableau as ButcherTableau
+from ._esdirk import AbstractESDIRK as AbstractESDIRK
+from ._esdirk import ESDIRKTableau as ESDIRKTableau
 from .base import AbstractAdaptiveSolver as AbstractAdaptiveSolver
 from .base import AbstractImplicitSolver as AbstractImplicitSolver
 from .base import AbstractSolver as AbstractSolver
 from .bosh3 import Bosh3 as Bosh3
 from .dopri5 import Dopri5 as Dopri5
 from .euler import Euler as Euler
+from .kvaerno import Kvaerno3 as Kvaerno3
+from .kvaerno import Kvaerno5 as Kvaerno5
 from .rk4 import RK4 as RK4
 from .tsit5 import Tsit5 as Tsit5

@@ -63,6 +63,11 @@ class AbstractAdaptiveSolver(AbstractSolver):
 class AbstractImplicitSolver(AbstractAdaptiveSolver):
     """Marks implicit (stiff) solvers: each stage solves a nonlinear system."""
 
+    def with_default_tolerances(self, rtol: float, atol: float):
+        """This solver with unset nonlinear-solve tolerances taken from the
+        step-size controller (`solve` calls it with a `PIDController`'s)."""
+        return self
+
 
 __all__ = [
     "AbstractSolver",

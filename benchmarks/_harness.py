@@ -1,0 +1,124 @@
+"""Shared machinery of the benchmarks: the reference problem, workers, timing, tables.
+
+Each measurement runs in its own Python process (a *worker*), so that peak RSS,
+compile caches and memory belong to one configuration alone. The reference
+problem and the peer libraries' losses come from `../shared/bench/`
+(`seed_metapop.py`, `peers.py`): the external definitions the peers are measured
+on. epifit itself never imports them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED_BENCH = ROOT.parent / "shared" / "bench"
+TESTS = ROOT / "tests"
+
+
+def require_reference():
+    """Import `seed_metapop` (and make `peers` importable) from ../shared/bench."""
+    if not (SHARED_BENCH / "seed_metapop.py").exists():
+        sys.exit(
+            f"benchmark: the reference problem is absent ({SHARED_BENCH}/"
+            "seed_metapop.py); it is the external definition the peers are "
+            "measured on."
+        )
+    for p in (str(SHARED_BENCH), str(TESTS)):
+        if p not in sys.path:
+            sys.path.insert(0, p)
+    import seed_metapop
+
+    return seed_metapop
+
+
+def maxrss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def lower_compile(fn, *args):
+    """Lower + compile time of `jax.jit(fn)` at `args`, and the executable."""
+    import jax
+
+    t = time.perf_counter()
+    lowered = jax.jit(fn).lower(*args)
+    t_lower = time.perf_counter() - t
+    t = time.perf_counter()
+    compiled = lowered.compile()
+    return t_lower + (time.perf_counter() - t), compiled
+
+
+def median_time(fn, args, repeats: int, budget_s: float = 60.0):
+    """Median wall time of `fn(*args)` (after one warm call), block_until_ready."""
+    import jax
+
+    t = time.perf_counter()
+    out = jax.block_until_ready(fn(*args))
+    first = time.perf_counter() - t
+    n = max(1, min(repeats, int(budget_s / max(first, 1e-9))))
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        out = jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - t)
+    return statistics.median(times), out, n
+
+
+def run_worker(script: Path, argv: list[str], timeout_s: float) -> dict:
+    """Run `script --worker ...` in a fresh process and parse its last JSON line."""
+    cmd = [sys.executable, str(script), *argv]
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    try:
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout_s, env=env
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    for line in reversed(proc.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except json.JSONDecodeError:
+                break
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    return {"error": f"exit {proc.returncode}: " + " | ".join(tail)}
+
+
+def emit(record: dict) -> None:
+    """A worker's result: one JSON line on stdout."""
+    print(json.dumps(record), flush=True)
+
+
+def write_json(path: str | None, records: list[dict]) -> None:
+    if not path:
+        return
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(records, indent=2))
+    os.replace(tmp, p)
+
+
+def table(records: list[dict], columns: list[tuple[str, str, str]]) -> str:
+    """A plain-text table; `columns` are (key, header, format)."""
+    rows = [[h for _, h, _ in columns]]
+    for r in records:
+        row = []
+        for key, _, fmt in columns:
+            v = r.get(key)
+            row.append("-" if v is None else (fmt.format(v) if fmt else str(v)))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(columns))]
+    lines = [
+        "  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows
+    ]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

@@ -1,0 +1,236 @@
+"""Forward benchmark: the reference loss (solve + loss) for epifit and its peers.
+
+On the reference problem of `../shared/bench/seed_metapop.py` (default 280
+patches, 120 days, rtol 1e-3, atol 1e-6, at the perturbed start `p_init`) this
+measures, for each tool in its own process: lower + compile time of the jitted
+loss, the median evaluation time, peak RSS, the bare runtime's RSS (JAX
+imported and the inputs on the device, nothing compiled) and the solver steps.
+The peers' losses are built by `peers.build_peer` from the shared runner, so
+they are exactly the configurations epifit is measured against.
+
+    python benchmarks/forward.py --dtype float32 --json out/forward.json
+
+Prints a table with ratios to epifit and writes the records as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
+
+TOOLS = {
+    "epifit": ["epifit"],
+    "diffrax": ["diffrax-tsit5", "diffrax-tsit5-pytree-bounded"],
+    "odeint": ["odeint", "odeint-closure"],
+}
+
+
+def _setup(sm, n, days, dtype):
+    import jax
+
+    if dtype == "float64":
+        jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+
+    fdt = jnp.float64 if dtype == "float64" else jnp.float32
+    P = sm.make_problem(n, days, 0)
+    return P, fdt
+
+
+def epifit_loss(sm, P, fdt, n, rtol, atol, adjoint=None):
+    """The reference loss written with epifit: args (p_flat, init, covariates, data)."""
+    import jax.numpy as jnp
+    import numpy as np
+    from helpers import params_from_flat, reference_covariates, reference_initial_data
+
+    import epifit.model as em
+    from epifit.ode import PIDController, Tsit5, solve
+
+    model = em.compile_model(
+        em.load_model(h.ROOT / "models" / "seird_metapop_mobility.toml")
+    )
+    cov = {k: jnp.asarray(v, fdt) for k, v in reference_covariates(P).items()}
+    init = {k: jnp.asarray(v, fdt) for k, v in reference_initial_data(P["u0"]).items()}
+    days = P["t_days"].size
+    ts = np.arange(days, dtype=np.float64)
+    ctrl = PIDController(rtol=rtol, atol=atol)
+
+    def trajectory(p, init, cov):
+        params = params_from_flat(model, p, n)
+        y0 = model.initial_state(params, init, n)
+        args, inputs = model.precompute(params, cov)
+        return solve(
+            model.vector_field,
+            y0,
+            args,
+            ts=ts,
+            inputs=inputs,
+            solver=Tsit5(),
+            stepsize_controller=ctrl,
+            adjoint=adjoint,
+        )
+
+    def loss(p, init, cov, data):
+        sol = trajectory(p, init, cov)
+        return sm.loss_from_s_d(sol.ys["S"][:, 0], sol.ys["D"][:, 0], data)
+
+    def steps(p, init, cov, data):
+        return trajectory(p, init, cov).stats
+
+    args = (jnp.asarray(P["p_init"], fdt), init, cov, jnp.asarray(P["data"], fdt))
+    return loss, steps, args
+
+
+def worker(a) -> dict:
+    sm = h.require_reference()
+    P, fdt = _setup(sm, a.n_patches, a.days, a.dtype)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rec = {
+        "tool": a.worker.split("-")[0],
+        "config": a.worker,
+        "dtype": a.dtype,
+        "n_patches": a.n_patches,
+        "days": a.days,
+        "solver": "tsit5",
+    }
+    if a.worker == "epifit":
+        loss, steps_fn, args = epifit_loss(sm, P, fdt, a.n_patches, a.rtol, a.atol)
+        jax.block_until_ready(args)
+        rec["base_rss_mb"] = round(h.maxrss_mb(), 1)
+        rec["fwd_compile_s"], compiled = h.lower_compile(loss, *args)
+        rec["fwd_s"], val, rec["repeats"] = h.median_time(compiled, args, a.repeats)
+        st = jax.jit(steps_fn)(*args)
+        rec["steps"] = int(st["num_accepted_steps"]) + int(st["num_rejected_steps"])
+        rec["rhs_evals"] = int(st["num_rhs_evals"])
+    else:
+        import peers
+
+        ns = types.SimpleNamespace(rtol=a.rtol, atol=a.atol, T=a.days, max_steps=4096)
+        mob = jnp.asarray(P["mobility"], fdt)
+        cpl = jnp.asarray(P["coupling"], fdt)
+        make_vf = lambda count, pytree=False: (  # noqa: E731
+            sm.SEIRD_mobility_coupled_tuple if pytree else sm.SEIRD_mobility_coupled
+        )
+        builder, stats_fn = peers.build_peer(
+            a.worker, ns, sm, make_vf, jax, jnp, np, mob, cpl
+        )
+        loss = builder(count=False)
+        args = (
+            jnp.asarray(P["p_init"], fdt),
+            jnp.asarray(P["u0"], fdt),
+            jnp.asarray(P["t_days"], fdt),
+            mob,
+            cpl,
+            jnp.asarray(P["data"], fdt),
+        )
+        jax.block_until_ready(args)
+        rec["solver"] = "dopri5" if a.worker.startswith("odeint") else "tsit5"
+        rec["base_rss_mb"] = round(h.maxrss_mb(), 1)
+        rec["fwd_compile_s"], compiled = h.lower_compile(loss, *args)
+        rec["fwd_s"], val, rec["repeats"] = h.median_time(compiled, args, a.repeats)
+        if stats_fn is not None:
+            st = jax.jit(stats_fn)(*args)
+            rec["steps"] = int(st["num_steps"])
+    rec["loss"] = float(val)
+    rec["peak_rss_mb"] = round(h.maxrss_mb(), 1)
+    return rec
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n-patches", type=int, default=280)
+    ap.add_argument("--days", type=int, default=120)
+    ap.add_argument(
+        "--dtype",
+        default="float32,float64",
+        help="float32, float64 or both, comma-separated",
+    )
+    ap.add_argument("--tools", default="epifit,diffrax,odeint")
+    ap.add_argument("--rtol", type=float, default=1e-3)
+    ap.add_argument("--atol", type=float, default=1e-6)
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--timeout", type=float, default=900.0, help="per worker, seconds")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        h.emit(worker(a))
+        return 0
+    h.require_reference()
+    records = []
+    for dtype in a.dtype.split(","):
+        configs = [c for t in a.tools.split(",") for c in TOOLS[t.strip()]]
+        group = []
+        for cfg in configs:
+            argv_w = [
+                "--worker",
+                cfg,
+                "--n-patches",
+                str(a.n_patches),
+                "--days",
+                str(a.days),
+                "--dtype",
+                dtype,
+                "--rtol",
+                str(a.rtol),
+                "--atol",
+                str(a.atol),
+                "--repeats",
+                str(a.repeats),
+            ]
+            rec = h.run_worker(Path(__file__), argv_w, a.timeout)
+            rec.setdefault("config", cfg)
+            rec.setdefault("tool", cfg.split("-")[0])
+            rec.setdefault("dtype", dtype)
+            rec.setdefault("n_patches", a.n_patches)
+            print(
+                f"  {cfg:32s} {dtype}: "
+                + (
+                    rec.get("error")
+                    or f"compile {rec['fwd_compile_s']:.2f} s, "
+                    f"eval {rec['fwd_s'] * 1e3:.1f} ms"
+                ),
+                flush=True,
+            )
+            group.append(rec)
+        ref = next((r for r in group if r["config"] == "epifit" and "fwd_s" in r), None)
+        for r in group:
+            if ref and "fwd_s" in r:
+                r["fwd_vs_epifit"] = r["fwd_s"] / ref["fwd_s"]
+                r["compile_vs_epifit"] = r["fwd_compile_s"] / ref["fwd_compile_s"]
+            if "peak_rss_mb" in r and r.get("base_rss_mb"):
+                r["rss_over_base"] = r["peak_rss_mb"] / r["base_rss_mb"]
+        records += group
+    print()
+    print(
+        h.table(
+            records,
+            [
+                ("config", "config", ""),
+                ("dtype", "dtype", ""),
+                ("fwd_compile_s", "compile s", "{:.2f}"),
+                ("fwd_s", "eval s", "{:.4f}"),
+                ("fwd_vs_epifit", "eval x epifit", "{:.1f}"),
+                ("compile_vs_epifit", "compile x epifit", "{:.1f}"),
+                ("steps", "steps", "{}"),
+                ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
+                ("base_rss_mb", "base RSS MB", "{:.0f}"),
+                ("rss_over_base", "RSS/base", "{:.2f}"),
+                ("loss", "loss", "{:.6g}"),
+            ],
+        )
+    )
+    h.write_json(a.json, records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""Data layer: datasets and their conventions, I/O, validation, observation models.
+
+One `xarray.Dataset` carries a problem's observations (`cases`, `deaths`,
+`in_bed`, ... with dims `(time[, patch])`), its covariates (`mobility (time,
+patch, feature)`, `coupling (time, patch, patch_to)`, `population (patch)`) and
+CF-style metadata. See `docs/data.md`.
+"""
+
+from epifit.data._bind import BoundData as BoundData
+from epifit.data._bind import time_index as time_index
+from epifit.data._bind import validate_dataset as validate_dataset
+from epifit.data._bind import weekday as weekday
+from epifit.data._delay import AbstractDelay as AbstractDelay
+from epifit.data._delay import GammaDelay as GammaDelay
+from epifit.data._delay import LogNormalDelay as LogNormalDelay
+from epifit.data._delay import convolve_delay as convolve_delay
+from epifit.data._errors import DataError as DataError
+from epifit.data._io import open_dataset as open_dataset
+from epifit.data._io import write_dataset as write_dataset
+from epifit.data._observation import (
+    AbstractObservationModel as AbstractObservationModel,
+)
+from epifit.data._observation import Gaussian as Gaussian
+from epifit.data._observation import NegativeBinomial as NegativeBinomial
+from epifit.data._observation import Poisson as Poisson
+from epifit.data._reporting import ascertain as ascertain
+from epifit.data._reporting import expected_reports as expected_reports
+from epifit.data._reporting import incidence as incidence
+from epifit.data._reporting import normalize_week_effect as normalize_week_effect
+from epifit.data._reporting import prevalence as prevalence
+from epifit.data._reporting import week_effect as week_effect
+from epifit.data._schema import COMPARTMENT as COMPARTMENT
+from epifit.data._schema import CONVENTIONAL_DIMS as CONVENTIONAL_DIMS
+from epifit.data._schema import COUPLING as COUPLING
+from epifit.data._schema import DIMS as DIMS
+from epifit.data._schema import FEATURE as FEATURE
+from epifit.data._schema import MOBILITY as MOBILITY
+from epifit.data._schema import PATCH as PATCH
+from epifit.data._schema import PATCH_TO as PATCH_TO
+from epifit.data._schema import POPULATION as POPULATION
+from epifit.data._schema import QUANTILE as QUANTILE
+from epifit.data._schema import SCENARIO as SCENARIO
+from epifit.data._schema import STAGE as STAGE
+from epifit.data._schema import TIME as TIME
+from epifit.data._table import from_csv as from_csv

@@ -1,0 +1,279 @@
+"""Binding a model to data: `validate_dataset` and the validated `BoundData`."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import xarray as xr
+
+from epifit.data import _validate as v
+from epifit.data._errors import DataError
+from epifit.data._schema import PATCH, PATCH_TO, POPULATION, TIME
+
+Dims = tuple[str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class BoundData:
+    """A dataset checked against what a model needs, as NumPy arrays.
+
+    Attributes:
+        dataset: the validated dataset: restricted to (and ordered as) the
+            model's patches, the requested variables transposed to the requested
+            dims.
+        times: days since the first day, `float64`, shape `(time,)`: the solver's
+            time axis (`t = 0` on the first day). `None` if nothing has a `time`
+            dim.
+        patches: patch labels in model order, or `None` without a `patch` dim.
+        observed: observations as `float64` with the requested dims; missing
+            entries (NaN in the data) are replaced by `0.0`, see `mask`.
+        mask: `True` where an observation is present, per observed variable.
+        covariates: covariates as `float64` with the requested dims.
+    """
+
+    dataset: xr.Dataset
+    times: np.ndarray | None
+    patches: tuple[str, ...] | None
+    observed: dict[str, np.ndarray]
+    mask: dict[str, np.ndarray]
+    covariates: dict[str, np.ndarray]
+
+
+def validate_dataset(
+    ds: xr.Dataset,
+    *,
+    observations: Mapping[str, Sequence[str]] | None = None,
+    covariates: Mapping[str, Sequence[str]] | None = None,
+    patches: Sequence[str] | int | None = None,
+    subset_patches: bool = False,
+    sizes: Mapping[str, int] | None = None,
+) -> BoundData:
+    """Check a dataset against the variables a model needs, and bind them.
+
+    For every requested variable the checks are: presence, dims (the same
+    names, in any order: variables are transposed to the requested order),
+    dataset sizes (`sizes`), a real dtype, and finiteness. Observations may be
+    NaN (missing: masked out of the likelihood) but not negative (they are
+    counts) nor infinite; covariates may be neither NaN nor infinite, and a
+    `population` covariate must be positive. The `time` coordinate must be
+    dates or integer days, without duplicates, sorted and daily; the `patch`
+    coordinate must hold unique string labels, and `patch_to` the same labels in
+    the same order.
+
+    Patches are matched by label. The dataset is reordered to the model's
+    order. Patches of the model missing from the data are always an error;
+    patches of the data missing from the model are an error unless
+    `subset_patches=True`, which keeps only the model's patches.
+
+    Args:
+        ds: the dataset.
+        observations: observed variable name -> dims, e.g.
+            `{"cases": ("time", "patch")}`.
+        covariates: covariate name -> dims, e.g.
+            `{"mobility": ("time", "patch", "feature")}`; `()` for a scalar.
+        patches: the model's patch labels, or their number, or `None` to take
+            the dataset's patches as they are.
+        subset_patches: keep only the model's patches instead of raising when the
+            dataset has more.
+        sizes: required sizes of dims, e.g. `{"feature": 7}`.
+
+    Returns:
+        The [`BoundData`][epifit.data.BoundData].
+
+    Raises:
+        DataError: naming the variable and the mismatch, and listing what the
+            dataset has.
+
+    Examples:
+        >>> import numpy as np, pandas as pd, xarray as xr
+        >>> ds = xr.Dataset(
+        ...     {"in_bed": ("time", [3.0, np.nan, 26.0])},
+        ...     coords={"time": pd.date_range("1978-01-22", periods=3)},
+        ... )
+        >>> bound = validate_dataset(ds, observations={"in_bed": ("time",)})
+        >>> bound.times.tolist(), bound.mask["in_bed"].tolist()
+        ([0.0, 1.0, 2.0], [True, False, True])
+        >>> validate_dataset(ds, observations={"cases": ("time",)})
+        Traceback (most recent call last):
+        ...
+        epifit.data._errors.DataError: No variable 'cases' in dataset; found ['in_bed']
+    """
+    if not isinstance(ds, xr.Dataset):
+        raise TypeError(f"validate_dataset needs an xarray.Dataset; got {type(ds)}.")
+    observations = {k: tuple(d) for k, d in (observations or {}).items()}
+    covariates = {k: tuple(d) for k, d in (covariates or {}).items()}
+    both = sorted(set(observations) & set(covariates))
+    if both:
+        raise ValueError(
+            f"Variables {both} are requested as observation and covariate."
+        )
+    requested = {**observations, **covariates}
+    ds = ds.copy(deep=False)  # never modify the caller's dataset
+
+    arrays = {name: v.require_variable(ds, name) for name in requested}
+    for name, dims in requested.items():
+        v.require_dims(arrays[name], name, dims)
+        v.require_real(arrays[name], name)
+    for dim, size in (sizes or {}).items():
+        users = [n for n, dims in requested.items() if dim in dims]
+        if dim not in ds.dims:
+            raise DataError(
+                f"No dimension '{dim}' in dataset; found {sorted(map(str, ds.dims))}"
+            )
+        if ds.sizes[dim] != size:
+            raise DataError(
+                f"Dimension '{dim}' has size {ds.sizes[dim]} in the dataset; "
+                f"expected {size} (used by {users})"
+            )
+
+    uses = {d: n for n, dims in reversed(requested.items()) for d in dims}
+    times = None
+    if TIME in uses:
+        v.check_time(ds, uses[TIME])
+        times = time_index(ds)
+    labels = None
+    if PATCH in uses or PATCH_TO in uses:
+        if PATCH not in ds.dims:
+            raise DataError(
+                f"Variable '{uses.get(PATCH_TO)}' has dim '{PATCH_TO}' but the "
+                f"dataset has no '{PATCH}' dim"
+            )
+        ds = v.check_patch(ds, uses.get(PATCH, uses.get(PATCH_TO)))
+        ds = _match_patches(ds, patches, subset_patches)
+        labels = tuple(str(p) for p in ds[PATCH].values)
+
+    observed, mask, bound_covariates = {}, {}, {}
+    for name, dims in observations.items():
+        da = v.require_dims(ds[name], name, dims)
+        v.require_finite(da, name, "observation")
+        v.require_nonnegative(da, name, "counts")
+        values = np.asarray(da.values, dtype=np.float64)
+        mask[name] = ~np.isnan(values)
+        observed[name] = np.where(mask[name], values, 0.0)
+        ds[name] = da
+    for name, dims in covariates.items():
+        da = v.require_dims(ds[name], name, dims)
+        v.require_finite(da, name, "covariate")
+        if name == POPULATION:
+            v.require_positive(da, name)
+        bound_covariates[name] = np.ascontiguousarray(da.values, dtype=np.float64)
+        ds[name] = da
+    return BoundData(
+        dataset=ds,
+        times=times,
+        patches=labels,
+        observed=observed,
+        mask=mask,
+        covariates=bound_covariates,
+    )
+
+
+def _match_patches(
+    ds: xr.Dataset, patches: Sequence[str] | int | None, subset: bool
+) -> xr.Dataset:
+    have = [str(p) for p in ds[PATCH].values]
+    if patches is None:
+        return ds
+    if isinstance(patches, int | np.integer):
+        if len(have) != patches:
+            raise DataError(
+                f"The model has {patches} patches but the dataset has {len(have)}: "
+                f"{_preview(have)}"
+            )
+        return ds
+    if isinstance(patches, str):
+        raise TypeError("patches must be a sequence of labels, not one string.")
+    want = [str(p) for p in patches]
+    repeated = sorted({p for p in want if want.count(p) > 1})
+    if repeated:
+        raise ValueError(f"The model's patches {repeated} are listed more than once.")
+    missing = [p for p in want if p not in set(have)]
+    if missing:
+        raise DataError(
+            f"Patches in the model but not in the dataset: {_preview(missing)}; "
+            f"the dataset has {_preview(have)}"
+        )
+    extra = [p for p in have if p not in set(want)]
+    if extra and not subset:
+        raise DataError(
+            f"Patches in the dataset but not in the model: {_preview(extra)}; pass "
+            "subset_patches=True to keep only the model's patches "
+            f"{_preview(want)}"
+        )
+    if want == have:
+        return ds
+    selection = {PATCH: want}
+    if PATCH_TO in ds.dims:
+        selection[PATCH_TO] = want
+    return ds.sel(selection)
+
+
+def _preview(labels: list[str], n: int = 10) -> str:
+    if len(labels) <= n:
+        return str(labels)
+    return f"{labels[:n]} ... ({len(labels)} in all)"
+
+
+def time_index(ds: xr.Dataset | xr.DataArray) -> np.ndarray:
+    """Days since the first day of the `time` coordinate, as `float64`.
+
+    This is the solver's time axis: `t = 0` on the first day, `t = k` on the
+    `k`-th day after it.
+
+    Args:
+        ds: a dataset or data array with a `time` coordinate of dates or integer
+            days.
+
+    Returns:
+        An array of shape `(time,)`.
+
+    Raises:
+        DataError: without a `time` coordinate or with one of another dtype.
+
+    Examples:
+        >>> import pandas as pd, xarray as xr
+        >>> ds = xr.Dataset(coords={"time": pd.date_range("2020-02-28", periods=3)})
+        >>> time_index(ds).tolist()
+        [0.0, 1.0, 2.0]
+    """
+    if TIME not in ds.coords:
+        found = sorted(str(c) for c in ds.coords)
+        raise DataError(f"No coordinate '{TIME}'; found {found}")
+    values = ds[TIME].values
+    if values.size == 0:
+        raise DataError(f"Coordinate '{TIME}' is empty")
+    if values.dtype.kind == "M":
+        return np.asarray((values - values[0]) / np.timedelta64(1, "D"), np.float64)
+    if values.dtype.kind in "iu":
+        return (values - values[0]).astype(np.float64)
+    raise DataError(
+        f"Coordinate '{TIME}' has dtype {values.dtype}; expected dates (datetime64) "
+        "or integer day numbers"
+    )
+
+
+def weekday(ds: xr.Dataset | xr.DataArray) -> np.ndarray:
+    """Day of the week of each day of `time` (Monday = 0, ..., Sunday = 6).
+
+    For [`week_effect`][epifit.data.week_effect]. Integer day numbers carry no
+    calendar, so a dated `time` coordinate is required.
+
+    Examples:
+        >>> import pandas as pd, xarray as xr
+        >>> ds = xr.Dataset(coords={"time": pd.date_range("1978-01-22", periods=2)})
+        >>> weekday(ds).tolist()  # 22 January 1978 was a Sunday
+        [6, 0]
+    """
+    if TIME not in ds.coords:
+        found = sorted(str(c) for c in ds.coords)
+        raise DataError(f"No coordinate '{TIME}'; found {found}")
+    values = ds[TIME].values
+    if values.dtype.kind != "M":
+        raise DataError(
+            f"Coordinate '{TIME}' has dtype {values.dtype}; the day of the week needs "
+            "dates (datetime64), not day numbers"
+        )
+    days = values.astype("datetime64[D]").astype(np.int64)
+    return ((days + 3) % 7).astype(np.int32)  # 1970-01-01 was a Thursday (3)

@@ -1,0 +1,145 @@
+"""Reading and writing datasets as netCDF, atomically."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from epifit.data._errors import DataError
+
+_ENGINE = "netcdf4"
+
+
+def open_dataset(path: str | os.PathLike[str]) -> xr.Dataset:
+    """Read a netCDF file into memory.
+
+    The file is read completely and closed again, so it can be replaced (for
+    instance by [`write_dataset`][epifit.data.write_dataset]) while the returned
+    dataset is in use. CF-encoded times (`days since ...`) are decoded to
+    `datetime64[ns]`; string coordinates come back as NumPy `str` arrays, as they
+    were written.
+
+    Args:
+        path: the netCDF file.
+
+    Returns:
+        The dataset, loaded into memory.
+
+    Raises:
+        DataError: if the file is missing or is not a readable netCDF file; the
+            message names the path.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"No such data file: '{path}'.")
+    if path.is_dir():
+        raise DataError(f"Data file '{path}' is a directory, not a netCDF file.")
+    try:
+        with xr.open_dataset(path, engine=_ENGINE) as ds:
+            ds = ds.load()
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as e:
+        raise DataError(f"Cannot read '{path}' as netCDF: {e}") from e
+    # The on-disk encoding (chunk sizes, fill values, time units) describes the
+    # file, not the data; kept, it breaks writing a subset or a modified copy.
+    return _strings_to_str(ds.drop_encoding())
+
+
+def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
+    """Write a dataset to netCDF-4, atomically.
+
+    The dataset is written to a temporary file in the target's directory, flushed
+    to disk (`fsync`) and renamed over `path` (`os.replace`), so readers see
+    either the old file or the complete new one, never a partial write, even if
+    the process is killed mid-write.
+
+    Coordinates, attributes and dtypes survive a round trip through
+    [`open_dataset`][epifit.data.open_dataset], with one normalisation: datetimes
+    come back as `datetime64[ns]` whatever their resolution in memory.
+
+    Args:
+        ds: the dataset.
+        path: the target file; its directory must exist.
+
+    Returns:
+        The path written.
+
+    Raises:
+        DataError: if the directory does not exist or the dataset cannot be
+            encoded as netCDF (for instance an attribute holding a `dict`).
+    """
+    path = Path(path)
+    if not isinstance(ds, xr.Dataset):
+        raise TypeError(f"write_dataset needs an xarray.Dataset; got {type(ds)}.")
+    directory = path.parent
+    if not directory.is_dir():
+        raise DataError(f"Cannot write '{path}': directory '{directory}' missing.")
+    _check_attrs(ds)
+    tmp = directory / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        ds.to_netcdf(tmp, engine=_ENGINE, format="NETCDF4")
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except (OSError, ValueError, TypeError, RuntimeError) as e:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"Cannot write '{path}' as netCDF: {e}") from e
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_directory(directory)
+    return path
+
+
+_ATTR_TYPES = (str, int, float, np.number, np.ndarray, list, tuple)
+
+
+def _check_attrs(ds: xr.Dataset) -> None:
+    """Reject attributes netCDF cannot hold, naming the variable and attribute."""
+    owners: list[tuple[str, dict]] = [("dataset", ds.attrs)]
+    owners += [(f"variable '{name}'", ds[name].attrs) for name in ds.variables]
+    for owner, attrs in owners:
+        for key, value in attrs.items():
+            if isinstance(value, bool) or not isinstance(value, _ATTR_TYPES):
+                raise DataError(
+                    f"Attribute '{key}' of {owner} is a {type(value).__name__}, "
+                    "which netCDF cannot store; use a string, a number or an array "
+                    "of numbers."
+                )
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make the rename durable where the platform allows it (POSIX)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:  # e.g. Windows cannot open directories
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _strings_to_str(ds: xr.Dataset) -> xr.Dataset:
+    """Variable-length strings read back as `object`; restore NumPy `str`."""
+    replacements = {}
+    for name, var in ds.variables.items():
+        if (
+            var.dtype == object
+            and var.size
+            and all(isinstance(v, str) for v in var.values.ravel())
+        ):
+            replacements[name] = var.copy(data=var.values.astype(str))
+    if not replacements:
+        return ds
+    coords = {k: v for k, v in replacements.items() if k in ds.coords}
+    data = {k: v for k, v in replacements.items() if k not in ds.coords}
+    return ds.assign_coords(coords).assign(data)

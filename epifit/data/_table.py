@@ -1,0 +1,188 @@
+"""Reading tables of counts (CSV) into epifit's dataset conventions."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+from epifit.data._errors import DataError
+from epifit.data._schema import PATCH, TIME
+
+
+def from_csv(
+    path: str | os.PathLike[str],
+    *,
+    time: str = "date",
+    patch: str | None = None,
+    values: Sequence[str] | None = None,
+    attrs: Mapping[str, object] | None = None,
+    fill_days: bool = True,
+) -> xr.Dataset:
+    """Read a CSV table of counts into a dataset with dims `(time[, patch])`.
+
+    Two layouts are understood:
+
+    - **long** (`patch` given): one row per date and place, e.g. columns
+      `date, region, cases, deaths`. The table is pivoted to variables with dims
+      `(time, patch)`; a (date, place) pair without a row becomes NaN (missing).
+    - **wide** (`patch=None`): one row per date and one column per series, for a
+      single population, e.g. `date, in_bed, convalescent`; variables have dims
+      `(time,)`.
+
+    The time column holds dates (anything `pandas.to_datetime` parses, such as
+    `1978-01-22`) or integer day numbers. With `fill_days=True` (the default)
+    the time axis is completed to every day from the first to the last, with NaN
+    for the days without rows, so the result is on the daily grid epifit needs.
+    Place labels are read as strings (so `01001` keeps its leading zero) and
+    values as `float64`, so that missing entries can be NaN.
+
+    Args:
+        path: the CSV file.
+        time: name of the date column.
+        patch: name of the place column (long layout), or `None` (wide layout).
+        values: the value columns to read; by default all other columns.
+        attrs: attributes of the dataset (`source`, `title`, ...). By default
+            `source` is the file name.
+        fill_days: complete the time axis to every day between first and last.
+
+    Returns:
+        The dataset, with a `time` coordinate (and `patch` in the long layout).
+
+    Raises:
+        DataError: if the file is missing or unreadable, a named column is absent
+            (the message lists the columns found), a date or value does not
+            parse, or a (date, place) pair appears twice.
+
+    Examples:
+        >>> import io, pathlib, tempfile
+        >>> p = pathlib.Path(tempfile.mkdtemp()) / "cases.csv"
+        >>> _ = p.write_text("date,region,cases\\n2020-03-01,north,3\\n"
+        ...                  "2020-03-02,north,5\\n2020-03-02,south,1\\n")
+        >>> ds = from_csv(p, patch="region", values=["cases"])
+        >>> ds["cases"].dims
+        ('time', 'patch')
+        >>> ds["cases"].sel(patch="south").values.tolist()
+        [nan, 1.0]
+    """
+    path = Path(path)
+    table = _read_table(path, patch)
+    columns = list(table.columns)
+    for role, name in (("time", time), ("patch", patch)):
+        if name is not None and name not in columns:
+            raise DataError(f"No {role} column '{name}' in '{path}'; found {columns}.")
+    if values is None:
+        values = [c for c in columns if c not in (time, patch)]
+    else:
+        values = list(values)
+        for name in values:
+            if name not in columns:
+                raise DataError(f"No column '{name}' in '{path}'; found {columns}.")
+        if time in values or (patch is not None and patch in values):
+            raise DataError(
+                f"Value columns {values} of '{path}' include the time or patch column."
+            )
+    if not values:
+        raise DataError(f"No value columns in '{path}'; found {columns}.")
+    if len(table) == 0:
+        raise DataError(f"'{path}' has a header but no rows.")
+
+    times = _parse_time(table[time], time, path)
+    table = table.assign(**{time: times})
+    for name in values:
+        table[name] = _parse_values(table[name], name, path)
+
+    keys = [time] if patch is None else [time, patch]
+    if patch is not None and table[patch].isna().any():
+        row = int(np.flatnonzero(table[patch].isna().to_numpy())[0])
+        raise DataError(f"Empty place in column '{patch}' of '{path}' (row {row + 2}).")
+    duplicated = table.duplicated(subset=keys, keep=False)
+    if duplicated.any():
+        rows = (np.flatnonzero(duplicated.to_numpy()) + 2).tolist()  # 1-based, header
+        first = table.loc[duplicated, keys].iloc[0].tolist()
+        where = dict(zip(keys, map(_label, first), strict=True))
+        raise DataError(
+            f"Duplicate rows for {where} in "
+            f"'{path}' (file lines {rows[:10]}); each {' and '.join(keys)} may "
+            "appear once."
+        )
+
+    frame = table.set_index(keys)[values].sort_index()
+    ds = xr.Dataset.from_dataframe(frame)
+    ds = ds.rename({time: TIME} if patch is None else {time: TIME, patch: PATCH})
+    if patch is not None:
+        labels = sorted(table[patch].unique().tolist())
+        ds = ds.reindex({PATCH: labels}).assign_coords(
+            {PATCH: np.asarray(labels, dtype=str)}
+        )
+    if fill_days:
+        ds = ds.reindex({TIME: _daily_range(ds[TIME].values)})
+    for name in values:
+        ds[name] = ds[name].astype(np.float64)
+    ds.attrs.update({"source": path.name} if attrs is None else dict(attrs))
+    return ds
+
+
+def _read_table(path: Path, patch: str | None) -> pd.DataFrame:
+    if not path.exists():
+        raise DataError(f"No such data file: '{path}'.")
+    try:
+        return pd.read_csv(
+            path,
+            dtype=None if patch is None else {patch: str},
+            skipinitialspace=True,
+        )
+    except (OSError, ValueError, pd.errors.ParserError) as e:
+        raise DataError(f"Cannot read '{path}' as CSV: {e}") from e
+
+
+def _parse_time(column: pd.Series, name: str, path: Path) -> np.ndarray:
+    if column.isna().any():
+        row = int(np.flatnonzero(column.isna().to_numpy())[0])
+        raise DataError(f"Empty date in column '{name}' of '{path}' (row {row + 2}).")
+    if pd.api.types.is_integer_dtype(column):
+        return column.to_numpy(dtype=np.int64)
+    try:
+        parsed = pd.to_datetime(column.astype(str), format="ISO8601")
+    except (ValueError, TypeError):
+        parsed = None
+    if parsed is None:
+        for row, text in enumerate(column.astype(str)):
+            try:
+                pd.to_datetime(text, format="ISO8601")
+            except (ValueError, TypeError):
+                raise DataError(
+                    f"Cannot read {text!r} in column '{name}' of '{path}' (row "
+                    f"{row + 2}) as a date; write dates as YYYY-MM-DD or use "
+                    "integer day numbers."
+                ) from None
+    return parsed.to_numpy().astype("datetime64[ns]")
+
+
+def _parse_values(column: pd.Series, name: str, path: Path) -> pd.Series:
+    numbers = pd.to_numeric(column, errors="coerce")
+    bad = numbers.isna() & column.notna()
+    if bad.any():
+        row = int(np.flatnonzero(bad.to_numpy())[0])
+        raise DataError(
+            f"Cannot read {column.iloc[row]!r} in column '{name}' of '{path}' (row "
+            f"{row + 2}) as a number; leave missing values empty or write NaN."
+        )
+    return numbers.astype(np.float64)
+
+
+def _label(value) -> str:
+    if isinstance(value, pd.Timestamp) and value == value.normalize():
+        return str(value.date())
+    return str(value)
+
+
+def _daily_range(times: np.ndarray) -> np.ndarray:
+    if np.issubdtype(times.dtype, np.datetime64):
+        start, stop = times.min(), times.max()
+        return np.arange(start, stop + np.timedelta64(1, "D"), np.timedelta64(1, "D"))
+    return np.arange(times.min(), times.max() + 1, dtype=times.dtype)

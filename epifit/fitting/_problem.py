@@ -1,0 +1,239 @@
+"""A model bound to a dataset: everything a solve, a loss or a forecast needs."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+import xarray as xr
+
+from epifit.data import (
+    PATCH,
+    TIME,
+    DataError,
+    open_dataset,
+    validate_dataset,
+)
+from epifit.model import CompiledModel, ModelSpec, compile_model, load_model
+from epifit.ode import PIDController, Solution, Tsit5, solve
+
+
+def as_model(model: str | os.PathLike | ModelSpec | CompiledModel) -> CompiledModel:
+    """A compiled model from a TOML path, a spec or a compiled model."""
+    if isinstance(model, CompiledModel):
+        return model
+    if isinstance(model, ModelSpec):
+        return compile_model(model)
+    if isinstance(model, str | os.PathLike):
+        return compile_model(load_model(model))
+    raise TypeError(
+        "model must be a path to a TOML file, a ModelSpec or a CompiledModel; got "
+        f"{type(model).__name__}."
+    )
+
+
+def _sha256(path: str | os.PathLike | None) -> str | None:
+    if path is None or not Path(path).exists():
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+class Problem:
+    """A compiled model bound to a dataset, as arrays ready for the solver.
+
+    The dataset is validated against the model (covariates, observed variables,
+    initial-state variables), its patches matched by label, and its time axis
+    turned into days since the first date (`t = 0` on the first day). The
+    covariates enter every solve as traced data, never closed over.
+
+    Args:
+        model: a TOML path, a `ModelSpec` or a `CompiledModel`.
+        data: an `xarray.Dataset`, a netCDF path, or `None` (a model with no
+            covariates and no observations, simulated for `days` days).
+        days: the number of days to solve for (default: the data's days). Beyond
+            the data, covariates carry their last day forward.
+        n_patches: the number of patches when the data have no `patch` dim.
+        subset_patches: keep only the model's patches when the data have more.
+        dtype: `float32` or `float64` (default: JAX's default float).
+
+    Attributes:
+        model, dataset, ts (`(time,)` float days), patches (labels),
+        covariates, initial_data, observed, mask, n_patches, dates.
+    """
+
+    def __init__(
+        self,
+        model,
+        data: xr.Dataset | str | os.PathLike | None = None,
+        *,
+        days: int | None = None,
+        n_patches: int | None = None,
+        subset_patches: bool = False,
+        dtype=None,
+    ):
+        self.model = as_model(model)
+        spec = self.model.spec
+        self.model_path = spec.path
+        self.data_path = None
+        if isinstance(data, str | os.PathLike):
+            self.data_path = str(data)
+            data = open_dataset(data)
+        self.dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
+        covariates = {c.name: c.dims for c in spec.covariates}
+        initial_vars = [i.data for i in spec.initial if i.data is not None]
+        if data is None:
+            if covariates or initial_vars:
+                needed = sorted(covariates) + initial_vars
+                raise DataError(
+                    f"Model '{spec.name}' needs data variables {needed}; pass a "
+                    "dataset (--data DATA.nc)."
+                )
+            if days is None:
+                raise ValueError("Without data, give the number of days to solve for.")
+            self.dataset = None
+            self.patches = tuple(f"p{i}" for i in range(n_patches or 1))
+            self.n_patches = len(self.patches)
+            self.ts = np.arange(days, dtype=np.float64)
+            self.dates = None
+            self.covariates, self.initial_data = {}, {}
+            self.observed, self.mask = {}, {}
+            return
+        if not isinstance(data, xr.Dataset):
+            raise TypeError(
+                f"data must be an xarray.Dataset or a path; got {type(data)}."
+            )
+        has_patch = PATCH in data.dims
+        observations = {}
+        for o in spec.observations:
+            if o.name in data.data_vars:
+                observations[o.name] = tuple(
+                    d for d in (TIME, PATCH) if d in data[o.name].dims
+                )
+        missing_obs = [
+            o.name for o in spec.observations if o.name not in data.data_vars
+        ]
+        self.missing_observations = missing_obs
+        bound = validate_dataset(
+            data,
+            observations=observations,
+            covariates=covariates,
+            subset_patches=subset_patches,
+        )
+        ds = bound.dataset
+        for name in initial_vars:
+            if name not in ds.data_vars:
+                raise DataError(
+                    f"No variable '{name}' in dataset (the model's initial state "
+                    f"needs it); found {sorted(map(str, ds.data_vars))}"
+                )
+        self.dataset = ds
+        if bound.patches is not None:
+            self.patches = bound.patches
+        elif has_patch:
+            self.patches = tuple(str(p) for p in ds[PATCH].values)
+        else:
+            self.patches = tuple(f"p{i}" for i in range(n_patches or 1))
+        self.n_patches = len(self.patches)
+        n_data_days = None if bound.times is None else bound.times.size
+        if days is None and n_data_days is None:
+            raise DataError(
+                "The dataset has no 'time' dimension; give the number of days to "
+                "solve for."
+            )
+        n = days if days is not None else n_data_days
+        self.ts = np.arange(n, dtype=np.float64)
+        self.dates = None
+        if TIME in ds.coords and np.issubdtype(ds[TIME].dtype, np.datetime64):
+            start = ds[TIME].values[0]
+            self.dates = start + np.arange(n).astype("timedelta64[D]")
+        dt = self.dtype
+        self.covariates = {k: jnp.asarray(v, dt) for k, v in bound.covariates.items()}
+        self.initial_data = {}
+        for name in initial_vars:
+            da = ds[name]
+            dims = [d for d in da.dims if d != PATCH] + (
+                [PATCH] if PATCH in da.dims else []
+            )
+            self.initial_data[name] = jnp.asarray(da.transpose(*dims).values, dt)
+        self.observed, self.mask = {}, {}
+        for name, dims in observations.items():
+            obs = bound.observed[name]
+            mask = bound.mask[name]
+            if PATCH not in dims:
+                obs, mask = obs[:, None], mask[:, None]
+            self.observed[name] = jnp.asarray(obs, dt)
+            self.mask[name] = jnp.asarray(mask)
+
+    # ------------------------------------------------------------------ solving
+    @property
+    def spec(self) -> ModelSpec:
+        return self.model.spec
+
+    def init_params(self, *, key=None):
+        return self.model.init_params(self.n_patches, key=key)
+
+    @property
+    def arrays(self) -> dict[str, dict[str, jnp.ndarray]]:
+        """The problem's data as one pytree, to pass to compiled functions as a
+        traced argument (never closed over: constants would be baked into the
+        executable and slow its compilation)."""
+        return {
+            "covariates": dict(self.covariates),
+            "initial": dict(self.initial_data),
+            "observed": dict(self.observed),
+            "mask": dict(self.mask),
+        }
+
+    def solve(
+        self,
+        params,
+        *,
+        solver=None,
+        stepsize_controller=None,
+        adjoint=None,
+        rtol: float = 1e-6,
+        atol: float = 1e-9,
+        arrays: Mapping[str, Any] | None = None,
+        throw: bool = True,
+        max_steps: int = 4096,
+    ) -> Solution:
+        """Solve the model at `params` (unconstrained) over the problem's days.
+
+        `arrays` (default `self.arrays`) carries the covariates and initial data;
+        pass it as a traced argument under `jit`, or modified for scenarios.
+        """
+        arrays = self.arrays if arrays is None else arrays
+        cov = arrays["covariates"]
+        y0 = self.model.initial_state(params, arrays["initial"], self.n_patches)
+        y0 = {k: v.astype(self.dtype) for k, v in y0.items()}
+        args, inputs = self.model.precompute(params, cov)
+        if stepsize_controller is None:
+            stepsize_controller = PIDController(rtol=rtol, atol=atol)
+        return solve(
+            self.model.vector_field,
+            y0,
+            args,
+            ts=self.ts,
+            inputs=inputs,
+            solver=Tsit5() if solver is None else solver,
+            stepsize_controller=stepsize_controller,
+            adjoint=adjoint,
+            throw=throw,
+            max_steps=max_steps,
+        )
+
+    def predict(self, params, ys) -> dict[str, jnp.ndarray]:
+        """Predicted observed series `(time, patch)`; incidence is NaN-free from
+        day 1, aligned so that row `k` is the change over day `k - 1 -> k`."""
+        return self.model.observe(ys, params)
+
+    def hashes(self) -> dict[str, str | None]:
+        return {
+            "model_sha256": _sha256(self.model_path),
+            "data_sha256": _sha256(self.data_path),
+        }

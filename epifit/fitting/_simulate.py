@@ -1,0 +1,179 @@
+"""`simulate`: a model run as an xarray Dataset."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import importlib.metadata
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from epifit.data import PATCH, TIME, DataError
+from epifit.fitting._problem import Problem
+
+
+def epifit_version() -> str:
+    try:
+        return importlib.metadata.version("epifit")
+    except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+        return "unknown"
+
+
+def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] | None):
+    """Unconstrained parameters from the model's initial values, overridden by
+    constrained values from a mapping or a TOML/JSON file (`name = value`,
+    per-patch parameters as lists)."""
+    params = problem.init_params()
+    if source is None:
+        return params
+    if isinstance(source, str | os.PathLike):
+        path = Path(source)
+        if not path.exists():
+            raise FileNotFoundError(f"Parameter file {path} does not exist.")
+        text = path.read_text()
+        try:
+            if path.suffix == ".json":
+                import json
+
+                values = json.loads(text)
+            else:
+                import tomllib
+
+                values = tomllib.loads(text)
+        except ValueError as e:
+            raise DataError(f"{path}: cannot parse parameters: {e}") from e
+        values = values.get("parameters", values)
+        where = str(path)
+    else:
+        values, where = dict(source), "params"
+    known = {p.name for p in problem.spec.parameters}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise DataError(
+            f"{where}: unknown parameters {unknown}; the model has {sorted(known)}"
+        )
+    current = problem.model.constrain(params)
+    merged = {k: current[k] for k in known}
+    for k, v in values.items():
+        arr = np.asarray(v, dtype=np.float64)
+        expected = np.shape(current[k])
+        if arr.shape != expected and arr.shape != ():
+            raise DataError(
+                f"{where}: parameter '{k}' has shape {arr.shape}; expected {expected}"
+            )
+        merged[k] = np.broadcast_to(arr, expected)
+    new = problem.model.unconstrain(merged)
+    return {**params, **{k: new[k] for k in known}}
+
+
+def simulate(
+    model,
+    data=None,
+    params=None,
+    *,
+    values: str | os.PathLike | Mapping[str, Any] | None = None,
+    days: int | None = None,
+    n_patches: int | None = None,
+    rtol: float = 1e-6,
+    atol: float = 1e-9,
+    solver=None,
+) -> xr.Dataset:
+    """Run a model with given (or its initial) parameters; return the trajectories.
+
+    Args:
+        model: a TOML path, `ModelSpec` or `CompiledModel`.
+        data: a dataset or netCDF path with the model's covariates and initial
+            data (observations, if present, are copied alongside).
+        params: unconstrained parameters (a pytree from `init_params` or a fit);
+            default the model's initial values.
+        values: constrained parameter values overriding those, as a mapping or
+            a TOML/JSON file of `name = value` (per-patch ones as lists).
+        days: days to simulate (default: the data's).
+        n_patches: patches, for a model run without data.
+        rtol, atol: solver tolerances (Tsit5 with a PID controller).
+        solver: another solver, e.g. `Kvaerno5()` for stiff models.
+
+    Returns:
+        A Dataset with `state (time, state_row, patch)` (every stage of every
+        compartment, with a `compartment` coordinate on `state_row`), per
+        compartment totals `<name> (time, patch)`, predicted observations
+        `predicted_<name>`, the observations themselves where present, and
+        provenance attributes.
+    """
+    problem = Problem(model, data, days=days, n_patches=n_patches)
+    if params is None:
+        params = load_params(problem, values)
+    elif values is not None:
+        raise ValueError("Give either params (unconstrained) or values, not both.")
+    sol = problem.solve(params, rtol=rtol, atol=atol, solver=solver)
+    return trajectory_dataset(problem, params, sol)
+
+
+def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Dataset:
+    model = problem.model
+    ys = {k: np.asarray(v) for k, v in sol.ys.items()}
+    rows, comp_of_row = [], []
+    blocks = []
+    for name in model.compartments:
+        k = model.stages[name]
+        blocks.append(ys[name])
+        rows += [name] if k == 1 else [f"{name}{j + 1}" for j in range(k)]
+        comp_of_row += [name] * k
+    state = np.concatenate(blocks, axis=1)
+    coords = {
+        TIME: problem.dates if problem.dates is not None else problem.ts,
+        "state_row": rows,
+        PATCH: list(problem.patches),
+        "compartment_of_row": ("state_row", comp_of_row),
+    }
+    data_vars = {
+        "state": (
+            (TIME, "state_row", PATCH),
+            state,
+            {"long_name": "state of every stage of every compartment"},
+        )
+    }
+    for name in model.compartments:
+        data_vars[name] = (
+            (TIME, PATCH),
+            ys[name].sum(axis=1),
+            {"long_name": f"compartment {name}, all stages"},
+        )
+    predicted = problem.predict(params, sol.ys)
+    n_t = problem.ts.size
+    for name, series in predicted.items():
+        s = np.asarray(series)
+        if s.shape[0] == n_t - 1:  # incidence: nothing on the first day
+            s = np.concatenate([np.full((1, s.shape[1]), np.nan), s], 0)
+        data_vars[f"predicted_{name}"] = (
+            (TIME, PATCH),
+            s,
+            {"long_name": f"model prediction of '{name}'"},
+        )
+    if problem.dataset is not None:
+        for name, obs in problem.observed.items():
+            o = np.where(np.asarray(problem.mask[name]), np.asarray(obs), np.nan)
+            if o.shape[0] == n_t:
+                data_vars[f"observed_{name}"] = ((TIME, PATCH), o)
+    stats = {k: int(np.asarray(v)) for k, v in sol.stats.items()}
+    base = {
+        "title": f"epifit simulation of model '{problem.spec.name}'",
+        "model": problem.spec.name,
+        "model_file": str(problem.model_path or ""),
+        "model_text": Path(problem.model_path).read_text()
+        if problem.model_path and Path(problem.model_path).exists()
+        else "",
+        "data_file": str(problem.data_path or ""),
+        "epifit_version": epifit_version(),
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "time_units": "days since the first date",
+        "units": "as the initial state (counts or fractions of each patch)",
+        **{f"solver_{k}": v for k, v in stats.items()},
+        **{k: v for k, v in problem.hashes().items() if v is not None},
+    }
+    ds = xr.Dataset(data_vars, coords=coords, attrs={**base, **(attrs or {})})
+    return ds

@@ -1,0 +1,27 @@
+"""Declarative epidemic models: specs (TOML or Python) compiled to vector fields.
+
+See `docs/models.md` for the TOML format.
+"""
+
+from epifit.model._builders import ModelBuilder as ModelBuilder
+from epifit.model._errors import ModelSpecError as ModelSpecError
+from epifit.model._expression import Expression as Expression
+from epifit.model._expression import parse_expression as parse_expression
+from epifit.model._spec import BranchSpec as BranchSpec
+from epifit.model._spec import CompartmentSpec as CompartmentSpec
+from epifit.model._spec import CouplingSpec as CouplingSpec
+from epifit.model._spec import CovariateSpec as CovariateSpec
+from epifit.model._spec import DerivedSpec as DerivedSpec
+from epifit.model._spec import InfectionSpec as InfectionSpec
+from epifit.model._spec import InfectiousSpec as InfectiousSpec
+from epifit.model._spec import InitialSpec as InitialSpec
+from epifit.model._spec import ModelSpec as ModelSpec
+from epifit.model._spec import NeuralSpec as NeuralSpec
+from epifit.model._spec import ObservationSpec as ObservationSpec
+from epifit.model._spec import ParameterSpec as ParameterSpec
+from epifit.model._spec import TransitionSpec as TransitionSpec
+from epifit.model._toml import load_model as load_model
+from epifit.model._toml import loads_model as loads_model
+from epifit.model._validate import spec_from_dict as spec_from_dict
+from epifit.model._vector_field import CompiledModel as CompiledModel
+from epifit.model._vector_field import compile_model as compile_model

@@ -1,0 +1,190 @@
+"""The static plan a compiled model runs: which rate is evaluated where, which
+flow goes from where to where. Built once from a `ModelSpec`; hashable."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from epifit.model._expression import Expression
+from epifit.model._spec import ModelSpec
+
+__all__ = ["Plan", "make_plan"]
+
+_frozen = dataclasses.dataclass(frozen=True)
+
+
+@_frozen
+class Slot:
+    """A rate-like quantity: `factor * sum(expressions)`.
+
+    Static slots (depending on parameters and static covariates only) are
+    evaluated once per solve into `args`; time-varying ones (reading a neural
+    sub-model or a time-varying covariate) once per day into `inputs`.
+    """
+
+    key: str
+    expressions: tuple[Expression, ...]
+    factor: float
+    time_varying: bool
+
+
+@_frozen
+class Branch:
+    target: str
+    kind: str  # "all" | "rate" | "probability" | "rest"
+    slot: str | None
+
+
+@_frozen
+class Outflow:
+    compartment: str
+    rate: str  # slot of the per-stage exit rate
+    branches: tuple[Branch, ...]
+
+
+@_frozen
+class Source:
+    compartment: str
+    selection: tuple[int, ...] | None  # 0-based stages; None = all
+    weight: str | None
+
+
+@_frozen
+class CouplingPlan:
+    covariate: str
+    matrix: str  # key in args or inputs
+    time_varying: bool
+    scale: str | None
+    symmetrize: bool
+    multiplier: float
+    local: float
+
+
+@_frozen
+class Infection:
+    source: str
+    target: str
+    transmission: str
+    sources: tuple[Source, ...]
+    population: str | None
+    coupling: CouplingPlan | None
+
+
+@_frozen
+class Plan:
+    slots: tuple[Slot, ...]
+    outflows: tuple[Outflow, ...]
+    infections: tuple[Infection, ...]
+    derived_order: tuple[str, ...]
+
+
+def _derived_order(spec: ModelSpec) -> tuple[str, ...]:
+    deps = {d.name: d.expression.names for d in spec.derived}
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        for d in sorted(deps[name]):
+            if d in deps:
+                visit(d)
+        order.append(name)
+
+    for name in deps:
+        visit(name)
+    return tuple(order)
+
+
+def make_plan(spec: ModelSpec) -> Plan:
+    """Lay out the slots and flows of a validated spec."""
+    time_varying = {n.name for n in spec.neural}
+    time_varying |= {c.name for c in spec.covariates if c.time_varying}
+    stages = {c.name: c.stages for c in spec.compartments}
+    slots: list[Slot] = []
+
+    def slot(key: str, *exprs: Expression, factor: float = 1.0) -> str:
+        tv = any(n in time_varying for e in exprs for n in e.names)
+        slots.append(Slot(key, tuple(exprs), factor, tv))
+        return key
+
+    outflows = []
+    for i, t in enumerate(spec.transitions):
+        loc = f"transitions[{i}]"
+        factor = float(stages[t.source]) if t.rate_per == "chain" else 1.0
+        if t.rate is not None:
+            rate = slot(f"{loc}.rate", t.rate, factor=factor)
+            if len(t.branches) == 1:
+                branches = (Branch(t.branches[0].target, "all", None),)
+            else:
+                branches = tuple(
+                    Branch(b.target, "rest", None)
+                    if b.probability is None
+                    else Branch(
+                        b.target,
+                        "probability",
+                        slot(f"{loc}.branches[{j}].probability", b.probability),
+                    )
+                    for j, b in enumerate(t.branches)
+                )
+                # the remainder last, so it is computed from all the others
+                branches = tuple(sorted(branches, key=lambda b: b.kind == "rest"))
+        else:
+            rates = [b.rate for b in t.branches if b.rate is not None]
+            rate = slot(f"{loc}.rate", *rates, factor=factor)
+            branches = tuple(
+                Branch(
+                    b.target,
+                    "rate",
+                    slot(f"{loc}.branches[{j}].rate", b.rate, factor=factor),
+                )
+                for j, b in enumerate(t.branches)
+                if b.rate is not None
+            )
+        outflows.append(Outflow(t.source, rate, branches))
+
+    couplings = {c.name: c for c in spec.couplings}
+    cov_tv = {c.name: c.time_varying for c in spec.covariates}
+    infections = []
+    for i, inf in enumerate(spec.infections):
+        loc = f"infections[{i}]"
+        sources = tuple(
+            Source(
+                s.compartment,
+                None if s.stages is None else tuple(k - 1 for k in s.stages),
+                None
+                if s.weight is None
+                else slot(f"{loc}.infectious[{j}].weight", s.weight),
+            )
+            for j, s in enumerate(inf.infectious)
+        )
+        population = None
+        if inf.population is not None:
+            population = slot(f"{loc}.population", inf.population)
+        coupling = None
+        if inf.coupling is not None:
+            c = couplings[inf.coupling]
+            scale = None
+            if c.scale is not None:
+                scale = f"couplings.{c.name}.scale"
+                if scale not in {s.key for s in slots}:
+                    slot(scale, c.scale)
+            coupling = CouplingPlan(
+                covariate=c.covariate,
+                matrix=f"couplings.{c.name}.matrix",
+                time_varying=cov_tv[c.covariate],
+                scale=scale,
+                symmetrize=c.symmetrize,
+                multiplier=c.multiplier,
+                local=c.local,
+            )
+        infections.append(
+            Infection(
+                inf.source,
+                inf.target,
+                slot(f"{loc}.transmission", inf.transmission),
+                sources,
+                population,
+                coupling,
+            )
+        )
+    return Plan(tuple(slots), tuple(outflows), tuple(infections), _derived_order(spec))

@@ -1,0 +1,150 @@
+"""Typed, located access to a raw model description (nested dicts from TOML)."""
+
+from __future__ import annotations
+
+import keyword
+import math
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from epifit.model._errors import ModelSpecError, describe_type
+from epifit.model._expression import FUNCTIONS
+
+MAX_STAGES = 10_000
+TOP_LEVEL = (
+    "name",
+    "description",
+    "compartments",
+    "parameters",
+    "derived",
+    "covariates",
+    "neural",
+    "couplings",
+    "transitions",
+    "infections",
+    "observations",
+    "initial",
+)
+RULES = ("floor", "nearest")
+KINDS = ("prevalence", "incidence")
+FAMILIES = ("gaussian", "poisson", "negative_binomial")
+# dims of a covariate -> what it can be used as
+EXPRESSION_DIMS = (("patch",), ("time",), ("time", "patch"))
+NEURAL_DIMS = (("time", "patch", "feature"),)
+COUPLING_DIMS = (("patch", "patch_to"), ("time", "patch", "patch_to"))
+ALL_DIMS = EXPRESSION_DIMS + NEURAL_DIMS + COUPLING_DIMS
+
+
+def join(items: Iterable[str]) -> str:
+    items = list(items)
+    return ", ".join(items) if items else "(none)"
+
+
+def at(location: str | None, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{location}[{key}]"
+    return key if not location else f"{location}.{key}"
+
+
+class Reader:
+    """Typed access to the raw description; every failure names file and field."""
+
+    def __init__(self, file: str | None):
+        self.file = file
+
+    def fail(self, location: str | None, reason: str) -> ModelSpecError:
+        return ModelSpecError(reason, file=self.file, location=location)
+
+    def table(
+        self,
+        value: Any,
+        location: str | None,
+        required: tuple[str, ...] = (),
+        optional: tuple[str, ...] = (),
+    ) -> dict:
+        if not isinstance(value, Mapping):
+            raise self.fail(location, f"expected a table, got {describe_type(value)}")
+        known = required + optional
+        for key in value:
+            if key not in known:
+                raise self.fail(
+                    at(location, str(key)),
+                    f"unknown field {key!r}; expected one of: {join(known)}",
+                )
+        for key in required:
+            if key not in value:
+                raise self.fail(at(location, key), f"missing required field {key!r}")
+        return dict(value)
+
+    def array(self, value: Any, location: str, *, nonempty: bool = True) -> list:
+        if not isinstance(value, list | tuple):
+            raise self.fail(location, f"expected an array, got {describe_type(value)}")
+        if nonempty and not value:
+            raise self.fail(location, "expected a non-empty array")
+        return list(value)
+
+    def string(self, value: Any, location: str) -> str:
+        if not isinstance(value, str):
+            raise self.fail(location, f"expected a string, got {describe_type(value)}")
+        if not value:
+            raise self.fail(location, "expected a non-empty string")
+        return value
+
+    def choice(self, value: Any, location: str, options: tuple[str, ...]) -> str:
+        value = self.string(value, location)
+        if value not in options:
+            raise self.fail(
+                location, f"unknown value {value!r}; expected one of: {join(options)}"
+            )
+        return value
+
+    def boolean(self, value: Any, location: str) -> bool:
+        if not isinstance(value, bool):
+            raise self.fail(
+                location, f"expected true or false, got {describe_type(value)}"
+            )
+        return value
+
+    def integer(self, value: Any, location: str, minimum: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(
+                location, f"expected an integer, got {describe_type(value)}"
+            )
+        if value < minimum:
+            raise self.fail(location, f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    def number(self, value: Any, location: str, *, finite: bool = True) -> float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise self.fail(location, f"expected a number, got {describe_type(value)}")
+        try:
+            number = float(value)
+        except OverflowError:
+            raise self.fail(location, f"number {value} is too large") from None
+        if math.isnan(number) or (finite and not math.isfinite(number)):
+            raise self.fail(location, f"expected a finite number, got {value}")
+        return number
+
+    def identifier(self, value: Any, location: str, what: str) -> str:
+        name = self.string(value, location)
+        if not name.isidentifier() or keyword.iskeyword(name):
+            raise self.fail(
+                location,
+                f"{what} name {name!r} is not a valid identifier (letters, digits and "
+                "underscores, not starting with a digit, not a Python keyword)",
+            )
+        if name in FUNCTIONS:
+            raise self.fail(
+                location, f"{what} name {name!r} would shadow the function {name}()"
+            )
+        return name
+
+
+PLURALS = {
+    "parameter": "parameters",
+    "derived quantity": "derived quantities",
+    "neural sub-model": "neural sub-models",
+    "covariate": "covariates",
+}
+RATE_NAMES = ("parameter", "derived quantity", "neural sub-model", "covariate")
+STATIC_NAMES = ("parameter", "derived quantity")

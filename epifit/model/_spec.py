@@ -1,0 +1,218 @@
+"""The validated, frozen model specification.
+
+Both front doors (TOML files via [`load_model`][epifit.model.load_model] and the
+Python [`ModelBuilder`][epifit.model.ModelBuilder]) produce a [`ModelSpec`][]: a tree
+of frozen dataclasses, hashable and comparable with `==`. Its field names follow the
+TOML format (see `docs/models.md`), except that `from`/`to` are `source`/`target`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING
+
+from epifit.model._expression import Expression
+
+if TYPE_CHECKING:
+    from epifit.model._vector_field import CompiledModel
+
+__all__ = [
+    "BranchSpec",
+    "CompartmentSpec",
+    "CouplingSpec",
+    "CovariateSpec",
+    "DerivedSpec",
+    "InfectionSpec",
+    "InfectiousSpec",
+    "InitialSpec",
+    "ModelSpec",
+    "NeuralSpec",
+    "ObservationSpec",
+    "ParameterSpec",
+    "TransitionSpec",
+]
+
+_frozen = dataclasses.dataclass(frozen=True)
+
+
+@_frozen
+class CompartmentSpec:
+    """A compartment; `stages > 1` makes it a box-car chain, state `(stages, patch)`."""
+
+    name: str
+    stages: int = 1
+
+
+@_frozen
+class ParameterSpec:
+    """A named parameter.
+
+    Attributes:
+        value: initial value(s) on the constrained scale: a float, or one per patch.
+        transform: `identity`, `exp`, `softplus` or `sigmoid`.
+        bounds: `(lower, upper)` of the constrained value; `exp`/`softplus` map
+            onto `(lower, inf)`, `sigmoid` onto `(lower, upper)`.
+        fixed: excluded from fitting (`free_mask` is False).
+        per_patch: one value per patch, shape `(patch,)`.
+    """
+
+    name: str
+    value: float | tuple[float, ...]
+    transform: str = "identity"
+    bounds: tuple[float, float] = (float("-inf"), float("inf"))
+    fixed: bool = False
+    per_patch: bool = False
+
+
+@_frozen
+class DerivedSpec:
+    """A quantity computed from parameters, e.g. `eta = -log(-expm1(-k*a))/g`."""
+
+    name: str
+    expression: Expression
+
+
+@_frozen
+class BranchSpec:
+    """One destination of a transition: with its own rate, a probability, or
+    (probability `None` in a probability split) the remainder."""
+
+    target: str
+    rate: Expression | None = None
+    probability: Expression | None = None
+
+
+@_frozen
+class TransitionSpec:
+    """Progression through a compartment's stages and out of its last stage.
+
+    Attributes:
+        source: the compartment left.
+        rate: the total exit rate, or `None` when each branch has its own rate
+            (the total is then their sum).
+        rate_per: `"stage"`: each stage is left at `rate`; `"chain"`: each stage is
+            left at `stages * rate` (mean time in the chain `1 / rate`).
+        branches: destinations of the flow out of the last stage.
+    """
+
+    source: str
+    rate: Expression | None
+    rate_per: str
+    branches: tuple[BranchSpec, ...]
+
+
+@_frozen
+class InfectiousSpec:
+    """Compartment stages that add to the infectious mass (`stages` 1-based;
+    `None` means all), with an optional relative weight."""
+
+    compartment: str
+    stages: tuple[int, ...] | None = None
+    weight: Expression | None = None
+
+
+@_frozen
+class InfectionSpec:
+    """Infection of `source` into stage 1 of `target` at the force of infection
+    `transmission * (local * i + multiplier * scale * (C @ i))`, with `i` the
+    infectious mass (divided by `population` when `normalize = "population"`)."""
+
+    source: str
+    target: str
+    transmission: Expression
+    infectious: tuple[InfectiousSpec, ...]
+    normalize: str = "none"
+    population: Expression | None = None
+    coupling: str | None = None
+
+
+@_frozen
+class CouplingSpec:
+    """Metapopulation coupling through a matrix covariate `C[p, q]`."""
+
+    name: str
+    covariate: str
+    scale: Expression | None = None
+    symmetrize: bool = False
+    multiplier: float = 1.0
+    local: float = 1.0
+
+
+@_frozen
+class NeuralSpec:
+    """An `eqx.nn.MLP` mapping a covariate's features to a rate per patch."""
+
+    name: str
+    covariate: str
+    in_size: int
+    width: int
+    depth: int
+    activation: str = "relu"
+    final_activation: str = "softplus"
+    time_input: bool = False
+    fixed: bool = False
+
+
+@_frozen
+class CovariateSpec:
+    """A covariate: its dims (named axes) and day lookup rule (`floor`/`nearest`)."""
+
+    name: str
+    dims: tuple[str, ...]
+    rule: str | None = None
+
+    @property
+    def time_varying(self) -> bool:
+        return "time" in self.dims
+
+
+@_frozen
+class ObservationSpec:
+    """An observed data variable and how the model predicts it."""
+
+    name: str
+    kind: str
+    compartments: tuple[str, ...]
+    family: str = "gaussian"
+    weight: float = 1.0
+    sign: int = 1
+    dispersion: str | None = None
+    ascertainment: Expression | None = None
+
+
+@_frozen
+class InitialSpec:
+    """Initial condition of one compartment: an expression placed in stage 1, or
+    a data variable of dims `(patch,)` or `(stage, patch)`."""
+
+    compartment: str
+    expression: Expression | None = None
+    data: str | None = None
+
+
+@_frozen
+class ModelSpec:
+    """A complete, validated model. Compare with `==`; compile with `.compile()`.
+
+    `path` (the file it came from) does not take part in comparisons.
+    """
+
+    name: str
+    compartments: tuple[CompartmentSpec, ...]
+    parameters: tuple[ParameterSpec, ...] = ()
+    derived: tuple[DerivedSpec, ...] = ()
+    transitions: tuple[TransitionSpec, ...] = ()
+    infections: tuple[InfectionSpec, ...] = ()
+    couplings: tuple[CouplingSpec, ...] = ()
+    neural: tuple[NeuralSpec, ...] = ()
+    covariates: tuple[CovariateSpec, ...] = ()
+    observations: tuple[ObservationSpec, ...] = ()
+    initial: tuple[InitialSpec, ...] = ()
+    description: str = ""
+    path: str | None = dataclasses.field(default=None, compare=False)
+
+    def compile(self) -> CompiledModel:
+        """Compile; see [`compile_model`][epifit.model.compile_model]."""
+        from epifit.model._vector_field import compile_model
+
+        return compile_model(self)
