@@ -5,10 +5,13 @@ The curated top level; the layers live in `epifit.ode` (the ODE core),
 models) and `epifit.fitting` (binding, simulation, calibration).
 """
 
+from epifit._jit import jit as jit
 from epifit.data import DataError as DataError
 from epifit.data import open_dataset as open_dataset
 from epifit.data import write_dataset as write_dataset
+from epifit.fitting import FitResult as FitResult
 from epifit.fitting import Problem as Problem
+from epifit.fitting import calibrate as calibrate
 from epifit.fitting import simulate as simulate
 from epifit.model import ModelBuilder as ModelBuilder
 from epifit.model import ModelSpecError as ModelSpecError

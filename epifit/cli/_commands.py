@@ -101,6 +101,23 @@ def _adjoints(a) -> int:
     return 0
 
 
+def _registered() -> dict:
+    """Sub-commands of other modules: each `epifit/cli/_<name>.py` listed here
+    defines `COMMAND = (help, add_arguments, run)`."""
+    import importlib
+
+    out = {}
+    for name in ("calibrate", "plot", "data", "forecast"):
+        try:
+            mod = importlib.import_module(f"epifit.cli._{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"epifit.cli._{name}":
+                raise
+            continue
+        out[name] = mod.COMMAND
+    return out
+
+
 COMMANDS = {
     "adjoints": (
         "compare every adjoint's gradient on a model and data; recommend one",
@@ -113,3 +130,4 @@ COMMANDS = {
         _simulate,
     ),
 }
+COMMANDS.update(_registered())

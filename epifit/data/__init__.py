@@ -42,4 +42,5 @@ from epifit.data._schema import QUANTILE as QUANTILE
 from epifit.data._schema import SCENARIO as SCENARIO
 from epifit.data._schema import STAGE as STAGE
 from epifit.data._schema import TIME as TIME
+from epifit.data._synthetic import synthetic_metapopulation as synthetic_metapopulation
 from epifit.data._table import from_csv as from_csv

@@ -211,7 +211,7 @@ class Problem:
         cov = arrays["covariates"]
         y0 = self.model.initial_state(params, arrays["initial"], self.n_patches)
         y0 = {k: v.astype(self.dtype) for k, v in y0.items()}
-        args, inputs = self.model.precompute(params, cov)
+        args, inputs = self.model.precompute(params, cov, self.n_patches)
         if stepsize_controller is None:
             stepsize_controller = PIDController(rtol=rtol, atol=atol)
         return solve(

@@ -96,29 +96,32 @@ class Integrator(eqx.Module):
     def adaptive(self):
         return isinstance(self.controller, AbstractAdaptiveStepSizeController)
 
-    def initial_dt(self, t0, t1, y0, args, u):
-        """Hairer's initial step-size heuristic (one extra vector-field evaluation)."""
+    def _first_dt(self, a, b, y, args, u, dt, fstate):
+        """Where `dt <= 0` (the first segment without `dt0`), the first step:
+        `0.01 * ||y|| / ||f(y)||` in the controller's scaled norm (the first half
+        of Hairer's heuristic), from the first-same-as-last state when there is
+        one. The controller grows it by up to `factormax` per accepted step."""
+        from ._solver import AbstractERK
+
         c = self.controller
-        f0 = self.vf(t0, y0, args, u)
+        if isinstance(self.solver, AbstractERK) and self.solver.tableau.fsal:
+            f0, extra = fstate, 0
+        else:
+            f0, extra = self.vf(a, y, args, u), 1
 
-        def scaled(x, y):
-            return x / (c.atol + c.rtol * jnp.abs(y))
+        def scaled(x):
+            return rms_norm(
+                jtu.tree_map(lambda xi, yi: xi / (c.atol + c.rtol * jnp.abs(yi)), x, y)
+            )
 
-        d0 = rms_norm(jtu.tree_map(scaled, y0, y0))
-        d1 = rms_norm(jtu.tree_map(scaled, f0, y0))
+        d0, d1 = scaled(y), scaled(f0)
         h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
-        y1 = jtu.tree_map(lambda y, f: y + h0 * f, y0, f0)
-        f1 = self.vf(t0 + h0, y1, args, u)
-        d2 = rms_norm(jtu.tree_map(lambda a, b, y: scaled(a - b, y), f1, f0, y0)) / h0
-        order = self.solver.order
-        h1 = jnp.where(
-            jnp.maximum(d1, d2) <= 1e-15,
-            jnp.maximum(1e-6, h0 * 1e-3),
-            (0.01 / jnp.maximum(d1, d2)) ** (1.0 / order),
+        h0 = jnp.where(jnp.isfinite(h0), h0, b - a).astype(a.dtype)
+        first = dt <= 0
+        return (
+            jnp.where(first, jnp.minimum(h0, b - a), dt),
+            jnp.where(first, extra, 0).astype(jnp.int32),
         )
-        h = jnp.minimum(100 * h0, h1)
-        h = jnp.where(jnp.isfinite(h), h, t1 - t0)
-        return jnp.minimum(h, t1 - t0).astype(h0.dtype)
 
     # ------------------------------------------------------------------ segment
     def segment(
@@ -173,6 +176,8 @@ class Integrator(eqx.Module):
         error_order = solver.error_order
         fstate, ne0 = solver.init(vf, a, y, args, u)
         cstate = ctrl.init(a.dtype)
+        dt, ne_first = self._first_dt(a, b, y, args, u, dt, fstate)
+        ne0 = ne0 + ne_first
         times = jnp.zeros((self.max_steps if record else 0,), a.dtype)
         eps = jnp.finfo(a.dtype).eps
         dtmin = jnp.maximum(ctrl.dtmin, 16 * eps * jnp.maximum(jnp.abs(b), 1.0))
@@ -310,15 +315,9 @@ class Integrator(eqx.Module):
         stats0 = _zero_stats()
         if self.adaptive:
             if dt0 is None:
-                # The heuristic evaluates the vector field twice: count them.
-                stats0 = stats0._replace(n_evals=jnp.asarray(2, jnp.int32))
-                dt_init = self.initial_dt(
-                    bounds[0],
-                    bounds[1],
-                    y0,
-                    args,
-                    u_at(jnp.asarray(grid.input_index[0])),
-                )
+                # A negative step asks the first segment to choose one from the
+                # vector field it evaluates anyway (see _adaptive_segment).
+                dt_init = jnp.asarray(-1.0, dtype)
             else:
                 dt_init = jnp.asarray(dt0, dtype)
         else:

@@ -8,6 +8,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from .._solver import AbstractERK
 from ._common import reverse_loop
 from .base import AbstractAdjoint
 
@@ -59,6 +60,14 @@ class CheckpointAdjoint(AbstractAdjoint):
             return jnp.where(i == 0, a, times_k[jnp.maximum(i - 1, 0)])
 
         def fwd_step(i, y):
+            if isinstance(solver, AbstractERK):
+                return solver.loop_step(
+                    lambda t, y_, th: ctx.vf(t, y_, th[0], th[1], u_l),
+                    t_of(i),
+                    times_k[i],
+                    y,
+                    (a_p, up),
+                )
             return step(y, a_p, up, t_of(i), times_k[i])
 
         n_chunks = (n + B - 1) // B
@@ -66,16 +75,21 @@ class CheckpointAdjoint(AbstractAdjoint):
         def chunk(carry):
             c, adj_y, g_a, g_u = carry
             start = c * B
-            y = lax.fori_loop(0, start, fwd_step, y_a)
             m = jnp.minimum(B, n - start)
-            buf = jtu.tree_map(lambda x: jnp.zeros((B, *x.shape), x.dtype), y)
+            buf = jtu.tree_map(lambda x: jnp.zeros((B, *x.shape), x.dtype), y_a)
 
-            def store(j, st):
+            # One replay loop from the segment start: the states of this chunk's
+            # steps are kept (one copy of the step in the compiled program).
+            def replay(i, st):
                 y, buf = st
-                buf = jtu.tree_map(lambda b_, x: b_.at[j].set(x), buf, y)
-                return fwd_step(start + j, y), buf
+                j = jnp.clip(i - start, 0, B - 1)
+                keep = i >= start
+                buf = jtu.tree_map(
+                    lambda b_, x: b_.at[j].set(jnp.where(keep, x, b_[j])), buf, y
+                )
+                return fwd_step(i, y), buf
 
-            _, buf = lax.fori_loop(0, m, store, (y, buf))
+            _, buf = lax.fori_loop(0, start + m, replay, (y_a, buf))
 
             def back(jj, st):
                 adj_y, g_a, g_u = st
@@ -83,10 +97,20 @@ class CheckpointAdjoint(AbstractAdjoint):
                 i = start + j
                 y_j = jtu.tree_map(lambda b_: b_[j], buf)
                 t0, t1 = t_of(i), times_k[i]
-                _, vjp = jax.vjp(
-                    lambda y, ap, up_: step(y, ap, up_, t0, t1), y_j, a_p, up
-                )
-                dy, dap, dup = vjp(adj_y)
+                if isinstance(solver, AbstractERK):
+                    dy, (dap, dup) = solver.step_vjp(
+                        lambda t, y, th: ctx.vf(t, y, th[0], th[1], u_l),
+                        t0,
+                        t1,
+                        y_j,
+                        (a_p, up),
+                        adj_y,
+                    )
+                else:
+                    _, vjp = jax.vjp(
+                        lambda y, ap, up_: step(y, ap, up_, t0, t1), y_j, a_p, up
+                    )
+                    dy, dap, dup = vjp(adj_y)
                 g_a = [g + d for g, d in zip(g_a, dap, strict=True)]
                 g_u = [g + d for g, d in zip(g_u, dup, strict=True)]
                 return dy, g_a, g_u

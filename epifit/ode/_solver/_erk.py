@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from typing import ClassVar, NamedTuple
 
+import jax
+import jax.lax as lax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 
 from .base import AbstractAdaptiveSolver, AbstractSolver
 
@@ -90,6 +93,69 @@ class AbstractERK(AbstractSolver):
             y_error = _combine(None, dt, tab.b_error, ks)
         new_state = ks[-1] if tab.fsal else None
         return y1, y_error, new_state, n_evals
+
+    def _stages(self, f, t0, t1, y0, theta):
+        """The stage states `Y_i` of one step, computed in a run-time loop."""
+        tab = self.tableau
+        s = tab.n_stages - 1 if tab.fsal else tab.n_stages
+        a = np.zeros((s, s))
+        for i, row in enumerate(tab.a[: s - 1]):
+            a[i + 1, : len(row)] = row
+        dtype = y0.dtype
+        A = jnp.asarray(a, dtype)
+        b = jnp.asarray(tab.b[:s], dtype)
+        c = jnp.asarray((0.0, *tab.c[: s - 1]), dtype)
+        h = (t1 - t0).astype(dtype)
+        zeros = jnp.zeros((s, *y0.shape), dtype)
+
+        def stage(i, st):
+            K, Ys = st
+            Yi = y0 + h * jnp.tensordot(A[i], K, axes=1)
+            Ki = f(t0 + c[i] * h, Yi, theta)
+            return K.at[i].set(Ki), Ys.at[i].set(Yi)
+
+        K, Ys = lax.fori_loop(0, s, stage, (zeros, zeros))
+        return s, A, b, c, h, (Ys, K)
+
+    def loop_step(self, f, t0, t1, y0, theta):
+        """One step on a flat state with the stages in a run-time loop (used by
+        the discrete adjoint's replay: one vector-field copy when compiled)."""
+        _, _, b, _, h, (_, K) = self._stages(f, t0, t1, y0, theta)
+        return y0 + h * jnp.tensordot(b, K, axes=1)
+
+    def step_vjp(self, f, t0, t1, y0, theta, ct):
+        """The VJP of one step on a flat state, by the discrete adjoint recursion.
+
+        `f(t, y, theta)` is the vector field with its differentiated arguments
+        `theta`. With stages `Y_i = y0 + h sum_j a_ij K_j`, `K_i = f(Y_i)` and
+        `y1 = y0 + h sum_i b_i K_i`, the cotangents run backwards over the stages:
+        `mu_i = h (b_i ct + sum_j a_ji nu_j)`, `(nu_i, g_i) = f_vjp(Y_i)(mu_i)`,
+        and `ct_y0 = ct + sum_i nu_i`, `ct_theta = sum_i g_i`.
+
+        Both passes loop over the stages at run time (one copy of the vector
+        field and one of its VJP in the compiled program, instead of one per
+        stage), which keeps the compiled gradient small: XLA's compile time
+        grows with every fused kernel. The last stage of a first-same-as-last
+        method does not influence `y1` and is skipped.
+
+        Returns:
+            `(ct_y0, ct_theta)`.
+        """
+        s, A, b, c, h, (Ys, _) = self._stages(f, t0, t1, y0, theta)
+        zeros = jnp.zeros((s, *y0.shape), y0.dtype)
+
+        def back(k, st):
+            nu, g = st
+            i = s - 1 - k
+            mu = h * (b[i] * ct + jnp.tensordot(A[:, i], nu, axes=1))
+            _, vjp = jax.vjp(lambda y, th: f(t0 + c[i] * h, y, th), Ys[i], theta)
+            d_y, d_th = vjp(mu)
+            g = jtu.tree_map(jnp.add, g, d_th)
+            return nu.at[i].set(d_y), g
+
+        g0 = jtu.tree_map(jnp.zeros_like, theta)
+        nu, g = lax.fori_loop(0, s, back, (zeros, g0))
+        return ct + nu.sum(axis=0), g
 
 
 class AbstractAdaptiveERK(AbstractERK, AbstractAdaptiveSolver):

@@ -1,0 +1,290 @@
+"""Gradient benchmark: `value_and_grad` of the reference loss, epifit vs peers.
+
+For every epifit adjoint and, in the same run, diffrax (Tsit5 with
+RecursiveCheckpointAdjoint, BacksolveAdjoint, and the pytree `scan_kind="bounded"`
+variant) and `jax.experimental.ode.odeint` (covariates as its arguments, as
+reported, and closed over), each in its own process: forward compile and
+evaluation, `value_and_grad` lower + compile and evaluation, peak RSS, and the
+relative gradient error against a tight float64 reference (diffrax Tsit5,
+rtol 1e-8, atol 1e-12, steps stopped at the half-day jumps of the day index:
+the shared runner's `--peer reference`, computed once and cached in `out/`).
+
+    python benchmarks/gradient.py --dtype float32 --json out/gradient.json
+    python benchmarks/gradient.py --scaling 50,100,280,500,1000,2000 --tools epifit
+
+Gradients are taken with respect to the reference's flat parameter vector at
+its perturbed start `p_init`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
+from forward import _setup, epifit_loss  # noqa: E402
+
+EPIFIT_ADJOINTS = ["checkpoint", "backsolve", "interpolating", "quadrature", "forward"]
+TOOLS = {
+    "epifit": [f"epifit-{a}" for a in EPIFIT_ADJOINTS],
+    "diffrax": [
+        "diffrax-tsit5",
+        "diffrax-tsit5-backsolve",
+        "diffrax-tsit5-pytree-bounded",
+    ],
+    "odeint": ["odeint", "odeint-closure"],
+}
+
+
+def _adjoint(name):
+    from epifit.ode import (
+        BacksolveAdjoint,
+        CheckpointAdjoint,
+        ForwardAdjoint,
+        InterpolatingAdjoint,
+        QuadratureAdjoint,
+    )
+
+    return {
+        "checkpoint": CheckpointAdjoint(),
+        "backsolve": BacksolveAdjoint(),
+        "interpolating": InterpolatingAdjoint(),
+        "quadrature": QuadratureAdjoint(),
+        "forward": ForwardAdjoint(),
+    }[name]
+
+
+def worker(a) -> dict:
+    sm = h.require_reference()
+    P, fdt = _setup(sm, a.n_patches, a.days, a.dtype)
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    cfg = a.worker
+    rec = {
+        "tool": cfg.split("-")[0],
+        "config": cfg,
+        "dtype": a.dtype,
+        "n_patches": a.n_patches,
+        "days": a.days,
+    }
+    if cfg.startswith("epifit"):
+        import epifit
+
+        name = cfg.split("-", 1)[1]
+        rec["adjoint"] = name
+        rec["default"] = name == "checkpoint"
+        loss, _, args = epifit_loss(
+            sm, P, fdt, a.n_patches, a.rtol, a.atol, adjoint=_adjoint(name)
+        )
+        jit = epifit.jit
+        if name == "forward":
+            # Forward sensitivities: the gradient of a scalar loss is its Jacobian,
+            # one tangent per parameter (epifit.ode.jacobian runs solves forward).
+            jac = epifit.ode.jacobian(loss)
+            vg = lambda *xs: (loss(*xs), jac(*xs))  # noqa: E731
+        else:
+            vg = jax.value_and_grad(loss)
+    else:
+        import types
+
+        import peers
+
+        jit = jax.jit
+        rec["adjoint"] = (
+            "backsolve"
+            if "backsolve" in cfg or cfg.startswith("odeint")
+            else "recursive-checkpoint"
+        )
+        rec["default"] = cfg in ("diffrax-tsit5", "odeint")
+        ns = types.SimpleNamespace(rtol=a.rtol, atol=a.atol, T=a.days, max_steps=4096)
+        mob = jnp.asarray(P["mobility"], fdt)
+        cpl = jnp.asarray(P["coupling"], fdt)
+        make_vf = lambda count, pytree=False: (  # noqa: E731
+            sm.SEIRD_mobility_coupled_tuple if pytree else sm.SEIRD_mobility_coupled
+        )
+        builder, _ = peers.build_peer(cfg, ns, sm, make_vf, jax, jnp, np, mob, cpl)
+        loss = builder(count=False)
+        args = (
+            jnp.asarray(P["p_init"], fdt),
+            jnp.asarray(P["u0"], fdt),
+            jnp.asarray(P["t_days"], fdt),
+            mob,
+            cpl,
+            jnp.asarray(P["data"], fdt),
+        )
+        vg = jax.value_and_grad(loss)
+    jax.block_until_ready(args)
+    rec["base_rss_mb"] = round(h.maxrss_mb(), 1)
+    rec["fwd_compile_s"], cf = h.lower_compile(loss, *args, jit=jit)
+    rec["fwd_s"], val, _ = h.median_time(cf, args, a.repeats)
+    rec["grad_compile_s"], cg = h.lower_compile(vg, *args, jit=jit)
+    rec["grad_s"], (v, g), rec["repeats"] = h.median_time(
+        cg, args, a.repeats, budget_s=a.budget
+    )
+    rec["loss"] = float(val)
+    rec["grad_over_fwd"] = rec["grad_s"] / rec["fwd_s"]
+    rec["peak_rss_mb"] = round(h.maxrss_mb(), 1)
+    g = np.asarray(g, np.float64)
+    rec["grad_norm"] = float(np.linalg.norm(g))
+    if a.ref and Path(a.ref).exists():
+        ref = np.load(a.ref)
+        gref = np.asarray(ref["grad"], np.float64)
+        rec["grad_rel_err"] = float(np.linalg.norm(g - gref) / np.linalg.norm(gref))
+        rec["loss_rel_err"] = abs(float(v) - float(ref["loss"])) / abs(
+            float(ref["loss"])
+        )
+    return rec
+
+
+def reference_file(n: int, days: int, timeout: float) -> Path | None:
+    """The tight float64 reference gradient from the shared runner (cached)."""
+    out = h.ROOT / "out" / f"gradient_ref_{n}_{days}.npz"
+    if out.exists():
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [
+        sys.executable,
+        str(h.SHARED_BENCH / "peers.py"),
+        "--peer",
+        "reference",
+        "--x64",
+        "--n-c",
+        str(n),
+        "--T",
+        str(days),
+        "--write-ref",
+        str(out),
+        "--no-nfe",
+        "--n-fwd",
+        "0",
+    ]
+    print(f"computing the float64 reference gradient ({n} patches) ...", flush=True)
+    try:
+        subprocess.run(
+            cmd, capture_output=True, text=True, timeout=timeout, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    return out if out.exists() else None
+
+
+COLUMNS = [
+    ("config", "config", ""),
+    ("dtype", "dtype", ""),
+    ("n_patches", "patches", "{}"),
+    ("fwd_compile_s", "fwd comp s", "{:.2f}"),
+    ("fwd_s", "fwd s", "{:.4f}"),
+    ("grad_compile_s", "grad comp s", "{:.2f}"),
+    ("grad_s", "grad s", "{:.4f}"),
+    ("grad_over_fwd", "grad/fwd", "{:.2f}"),
+    ("grad_vs_epifit", "grad x epifit", "{:.1f}"),
+    ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
+    ("grad_rel_err", "grad rel err", "{:.2e}"),
+]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n-patches", type=int, default=280)
+    ap.add_argument("--days", type=int, default=120)
+    ap.add_argument("--dtype", default="float32,float64")
+    ap.add_argument("--tools", default="epifit,diffrax,odeint")
+    ap.add_argument(
+        "--adjoints", default=",".join(EPIFIT_ADJOINTS), help="epifit adjoints to run"
+    )
+    ap.add_argument("--rtol", type=float, default=1e-3)
+    ap.add_argument("--atol", type=float, default=1e-6)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--budget",
+        type=float,
+        default=60.0,
+        help="seconds of timed gradient repeats per config",
+    )
+    ap.add_argument("--timeout", type=float, default=1500.0, help="per worker, s")
+    ap.add_argument(
+        "--scaling",
+        default=None,
+        help="comma-separated patch counts: run a scaling sweep",
+    )
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--ref", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    a = ap.parse_args(argv)
+    if a.worker:
+        h.emit(worker(a))
+        return 0
+    h.require_reference()
+    sizes = [int(x) for x in a.scaling.split(",")] if a.scaling else [a.n_patches]
+    adjoints = set(a.adjoints.split(","))
+    records = []
+    for n in sizes:
+        ref = reference_file(n, a.days, a.timeout) if not a.scaling else None
+        for dtype in a.dtype.split(","):
+            configs = [
+                c
+                for t in a.tools.split(",")
+                for c in TOOLS[t.strip()]
+                if not c.startswith("epifit-") or c.split("-", 1)[1] in adjoints
+            ]
+            group = []
+            for cfg in configs:
+                argv_w = [
+                    "--worker",
+                    cfg,
+                    "--n-patches",
+                    str(n),
+                    "--days",
+                    str(a.days),
+                    "--dtype",
+                    dtype,
+                    "--rtol",
+                    str(a.rtol),
+                    "--atol",
+                    str(a.atol),
+                    "--repeats",
+                    str(a.repeats),
+                    "--budget",
+                    str(a.budget),
+                ]
+                if ref:
+                    argv_w += ["--ref", str(ref)]
+                rec = h.run_worker(Path(__file__), argv_w, a.timeout)
+                for k, v in (
+                    ("config", cfg),
+                    ("tool", cfg.split("-")[0]),
+                    ("dtype", dtype),
+                    ("n_patches", n),
+                ):
+                    rec.setdefault(k, v)
+                msg = rec.get("error") or (
+                    f"grad compile {rec['grad_compile_s']:.2f} s, grad "
+                    f"{rec['grad_s'] * 1e3:.1f} ms ({rec['grad_over_fwd']:.2f}x loss)"
+                )
+                print(f"  {cfg:32s} {dtype} n={n}: {msg}", flush=True)
+                group.append(rec)
+            base = next(
+                (
+                    r
+                    for r in group
+                    if r.get("default") and r["tool"] == "epifit" and "grad_s" in r
+                ),
+                None,
+            )
+            for r in group:
+                if base and "grad_s" in r:
+                    r["grad_vs_epifit"] = r["grad_s"] / base["grad_s"]
+            records += group
+    print()
+    print(h.table(records, COLUMNS))
+    h.write_json(a.json, records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

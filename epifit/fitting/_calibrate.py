@@ -1,0 +1,489 @@
+"""`calibrate`: fit a model to data, with uncertainty."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from epifit._jit import jit
+from epifit.fitting._audit import default_adjoints
+from epifit.fitting._checkpoint import (
+    CheckpointError,
+    checkpoint_phase,
+    fingerprint,
+    load_checkpoint,
+    remove_stale,
+    save_checkpoint,
+)
+from epifit.fitting._config import (
+    FitConfig,
+    FitConfigError,
+    PhaseConfig,
+    known_names,
+    load_fit_config,
+    merge,
+    parse_fit_config,
+    parse_phases,
+)
+from epifit.fitting._loss import FitObjective
+from epifit.fitting._optimize import (
+    GRADIENT,
+    LOSS,
+    NONFINITE,
+    STATUS,
+    OptimizeOptions,
+    Optimizer,
+)
+from epifit.fitting._parameters import (
+    FreeParameters,
+    apply_overrides,
+    constrained_dict,
+    leaf_labels,
+)
+from epifit.fitting._problem import Problem
+from epifit.fitting._progress import ProgressBar, progress_enabled
+from epifit.fitting._result import FitResult, library_versions
+from epifit.fitting._simulate import load_params, trajectory_dataset
+from epifit.fitting._uncertainty import laplace, parameter_table
+from epifit.ode import AbstractAdjoint, AbstractSolver
+
+__all__ = ["calibrate", "default_phases"]
+
+_SOLVERS = {
+    "tsit5": "Tsit5",
+    "dopri5": "Dopri5",
+    "bosh3": "Bosh3",
+    "kvaerno3": "Kvaerno3",
+    "kvaerno5": "Kvaerno5",
+}
+# few enough free parameters for a forward-sensitivity Jacobian per iteration
+LM_MAX_PARAMETERS = 20
+
+
+def default_phases(objective: FitObjective) -> tuple[PhaseConfig, ...]:
+    """Levenberg-Marquardt for least squares with few parameters; otherwise
+    Adam (200 iterations, learning rate 0.05) then L-BFGS (1000)."""
+    if objective.least_squares and objective.free.n <= LM_MAX_PARAMETERS:
+        return (PhaseConfig("levenberg_marquardt", 200),)
+    return (
+        PhaseConfig("adam", 200, options=(("learning_rate", 0.05),)),
+        PhaseConfig("lbfgs", 1000),
+    )
+
+
+def _fit_config(fit) -> FitConfig:
+    if fit is None:
+        return FitConfig()
+    if isinstance(fit, FitConfig):
+        return fit
+    if isinstance(fit, str | os.PathLike):
+        return load_fit_config(fit)
+    if isinstance(fit, Mapping):
+        return parse_fit_config(fit)
+    raise TypeError(
+        f"fit must be a FIT.toml path, a dict or a FitConfig; got {type(fit).__name__}."
+    )
+
+
+def _solver(name_or_solver):
+    if name_or_solver is None or isinstance(name_or_solver, AbstractSolver):
+        return name_or_solver
+    import epifit.ode as ode
+
+    return getattr(ode, _SOLVERS[name_or_solver])()
+
+
+def _adjoint(name_or_adjoint):
+    if name_or_adjoint is None or isinstance(name_or_adjoint, AbstractAdjoint):
+        return name_or_adjoint
+    return default_adjoints()[name_or_adjoint]
+
+
+def calibrate(
+    model_or_problem,
+    data=None,
+    *,
+    fit: str | os.PathLike | Mapping[str, Any] | FitConfig | None = None,
+    optimizer: str | Mapping[str, Any] | Sequence[Any] | None = None,
+    init=None,
+    values: str | os.PathLike | Mapping[str, Any] | None = None,
+    adjoint: AbstractAdjoint | str | None = None,
+    solver: AbstractSolver | str | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    max_steps: int | None = None,
+    max_iterations: int | None = None,
+    tolerance: float | None = None,
+    loss_tolerance: float | None = None,
+    time_budget: float | None = None,
+    n_starts: int | None = None,
+    perturbation: float | None = None,
+    seed: int | None = None,
+    uncertainty: bool | str | None = None,
+    level: float | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
+    chunk_size: int | None = None,
+    progress: bool | str = "auto",
+) -> FitResult:
+    """Fit a model's free parameters to data.
+
+    Settings come from the defaults, overridden by the fit configuration
+    (`fit`, a `FIT.toml` file or the same tables as a dict), overridden by the
+    keyword arguments given here.
+
+    Args:
+        model_or_problem: a [`Problem`][epifit.Problem], or a model (TOML path,
+            `ModelSpec`, `CompiledModel`) to bind to `data`.
+        data: the dataset (or netCDF path) when a model is given.
+        fit: a fit configuration: phases, tolerances, multi-start, parameter
+            overrides (value, fixed, transform, bounds, prior, l2) and
+            uncertainty settings; see `docs/calibration.md`.
+        optimizer: phases, overriding the configuration's: a method name
+            (`"lbfgs"`, `"adam"`, `"rmsprop"`, `"sgd"`, `"levenberg_marquardt"`,
+            `"gauss_newton"`), one phase dict, or a list of them, e.g.
+            `[{"method": "adam", "iterations": 200, "learning_rate": 0.05},
+            {"method": "lbfgs", "iterations": 200}]`. Default: Levenberg-
+            Marquardt for least squares with at most 20 free parameters, else
+            Adam then L-BFGS.
+        init: the starting parameters: an unconstrained parameter pytree or a
+            `FitResult` (default: the model's initial values).
+        values: constrained starting values overriding those (a mapping or a
+            TOML/JSON file of `name = value`).
+        adjoint: an `epifit.ode` adjoint or its name (default checkpoint).
+        solver: an `epifit.ode` solver or its name (default Tsit5).
+        rtol, atol: solver tolerances (default 1e-6, 1e-9).
+        max_steps: solver steps per segment (default 4096).
+        max_iterations: a cap on iterations over all phases.
+        tolerance: stop a phase when `max|gradient| <= tolerance * max(1,
+            |loss|)` (default 1e-8).
+        loss_tolerance: ... or when the relative loss change stays below it
+            for `patience` iterations (default 1e-12).
+        time_budget: seconds; checked between chunks of iterations.
+        n_starts: starting points, optimised together by `vmap`: the initial
+            point and `n_starts - 1` seeded perturbations of it; the best final
+            loss wins (default 1).
+        perturbation: the standard deviation of the perturbations, in
+            unconstrained coordinates (default 0.5).
+        seed: seeds the perturbations (default 0).
+        uncertainty: `True`/`"auto"` (Gauss-Newton for least squares, else the
+            Hessian), `"gauss_newton"`, `"hessian"`, or `False`/`"none"`.
+        level: the interval level (default 0.95).
+        checkpoint: a file to checkpoint the optimiser state to, atomically,
+            every `checkpoint_every` iterations (and when the time budget ends
+            the fit).
+        checkpoint_every: iterations between checkpoints (default 50 when a
+            checkpoint file is given).
+        resume: continue from `checkpoint` if it exists (same result as an
+            uninterrupted run).
+        chunk_size: iterations per compiled chunk (default adaptive, about
+            half a second each).
+        progress: show a progress bar on stderr: `True`, `False`, or `"auto"`
+            (when stderr is a terminal or a notebook).
+
+    Returns:
+        A [`FitResult`][epifit.FitResult].
+
+    Raises:
+        FitConfigError: a bad fit configuration (naming file and field).
+        NotImplementedError: a least-squares method on a non-gaussian fit.
+        FloatingPointError: a non-finite loss at every starting point.
+        CheckpointError: a checkpoint that belongs to a different fit.
+    """
+    wall = time.perf_counter()
+    if isinstance(model_or_problem, Problem):
+        if data is not None:
+            raise ValueError("Give data only with a model, not with a Problem.")
+        problem = model_or_problem
+    else:
+        if data is None:
+            raise ValueError("calibrate needs data: calibrate(model, data, ...).")
+        problem = Problem(model_or_problem, data)
+    config = merge(
+        _fit_config(fit),
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        max_iterations=max_iterations,
+        tolerance=tolerance,
+        loss_tolerance=loss_tolerance,
+        time_budget=time_budget,
+        n_starts=n_starts,
+        perturbation=perturbation,
+        seed=seed,
+        level=level,
+        checkpoint_every=checkpoint_every,
+        chunk_size=chunk_size,
+    )
+    if optimizer is not None:
+        config = dataclasses.replace(config, phases=parse_phases(optimizer))
+    if uncertainty is not None:
+        method = {True: "auto", False: "none"}.get(uncertainty, uncertainty)
+        config = dataclasses.replace(config, uncertainty=method)
+    names = [p.name for p in problem.spec.parameters]
+    names += [n.name for n in problem.spec.neural]
+    known_names(config, names, problem.spec.name)
+    problem = apply_overrides(problem, config)
+
+    # -- starting point and objective --
+    if isinstance(init, FitResult):
+        init = init.params
+    params = problem.init_params() if init is None else init
+    if values is not None:
+        overrides = load_params(problem, values)
+        constrained = problem.model.constrain(overrides)
+        given = values if isinstance(values, Mapping) else None
+        keys = set(given) if given is not None else set(constrained)
+        params = {**params, **{k: overrides[k] for k in keys if k in overrides}}
+    free = FreeParameters(problem, params, config)
+    if free.n == 0:
+        raise FitConfigError(
+            "every parameter is fixed; nothing to fit", file=config.source
+        )
+    adj = _adjoint(adjoint if adjoint is not None else config.adjoint)
+    objective = FitObjective(
+        problem,
+        free,
+        solver=_solver(solver if solver is not None else config.solver),
+        adjoint=adj,
+        rtol=config.rtol or 1e-6,
+        atol=config.atol or 1e-9,
+        max_steps=config.max_steps or 4096,
+    )
+    phases = config.phases or default_phases(objective)
+    least_squares_methods = ("levenberg_marquardt", "gauss_newton")
+    if not objective.least_squares:
+        for p in phases:
+            if p.method in least_squares_methods:
+                raise NotImplementedError(
+                    f"Optimiser '{p.method}' needs a least-squares loss: gaussian "
+                    "observations and only normal priors; this fit has "
+                    f"{_not_least_squares(objective)}. Use lbfgs or adam."
+                )
+    n_starts = config.n_starts or 1
+    seed = 0 if config.seed is None else config.seed
+    spread = 0.5 if config.perturbation is None else config.perturbation
+    xs = free.starts(free.x0, n_starts, spread, seed)
+    data = objective.data()
+
+    options = OptimizeOptions(
+        tolerance=1e-8 if config.tolerance is None else config.tolerance,
+        loss_tolerance=1e-12
+        if config.loss_tolerance is None
+        else config.loss_tolerance,
+        patience=config.patience or 5,
+        max_iterations=config.max_iterations,
+        time_budget=config.time_budget,
+        max_retreats=config.max_retreats or 30,
+        chunk_size=config.chunk_size,
+    )
+    settings = {
+        "phases": [p.to_dict() for p in phases],
+        "tolerance": options.tolerance,
+        "loss_tolerance": options.loss_tolerance,
+        "patience": options.patience,
+        "max_iterations": options.max_iterations,
+        "max_retreats": options.max_retreats,
+        "n_starts": n_starts,
+        "perturbation": spread,
+        "seed": seed,
+        "rtol": objective.solve_options["rtol"],
+        "atol": objective.solve_options["atol"],
+        "max_steps": objective.solve_options["max_steps"],
+        "adjoint": type(adj).__name__ if adj is not None else "CheckpointAdjoint",
+        "solver": type(objective.solve_options["solver"]).__name__
+        if objective.solve_options["solver"] is not None
+        else "Tsit5",
+        "dtype": str(xs.dtype),
+    }
+
+    # -- checkpointing --
+    every = config.checkpoint_every
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        every = every or 50
+    elif resume:
+        raise ValueError("resume=True needs a checkpoint file (checkpoint=...).")
+    key = None
+    save = None
+    if checkpoint is not None:
+        key = fingerprint(
+            spec=problem.spec, arrays=data, xs=xs, settings=_numeric(settings)
+        )
+
+        def save(snapshot):
+            save_checkpoint(checkpoint, snapshot["carry"], snapshot["record"], key)
+
+    optimizer_ = Optimizer(
+        objective,
+        phases,
+        options,
+        checkpoint=save,
+        checkpoint_every=every,
+    )
+    resumed = None
+    if resume and checkpoint.exists():
+        remove_stale(checkpoint)
+        try:
+            p = checkpoint_phase(checkpoint)
+        except (OSError, ValueError, KeyError) as e:
+            raise CheckpointError(
+                f"Cannot read checkpoint {checkpoint}: {e}. Delete it to start afresh."
+            ) from e
+        if p >= len(phases):
+            raise CheckpointError(
+                f"Checkpoint {checkpoint} is for phase {p + 1}, but this fit has "
+                f"{len(phases)} phase(s). Delete it to start afresh."
+            )
+        resumed = load_checkpoint(checkpoint, optimizer_.template(p, xs, data), key)
+    elif resume:
+        print(
+            f"epifit: no checkpoint {checkpoint} yet; starting from the beginning",
+            file=sys.stderr,
+        )
+
+    # -- optimise --
+    show = progress_enabled(progress)
+    t_opt = time.perf_counter()
+    if show:
+        with ProgressBar(phases, n_starts=n_starts) as bar:
+            optimizer_.progress = bar
+            out = optimizer_.run(xs, data, resume=resumed)
+    else:
+        out = optimizer_.run(xs, data, resume=resumed)
+    optimize_s = time.perf_counter() - t_opt
+    carry, record = out["carry"], out["record"]
+
+    # -- the best start --
+    f_all = np.asarray(carry.f, np.float64)
+    best = int(np.argmin(np.where(np.isfinite(f_all), f_all, np.inf)))
+    x_best = carry.x[best]
+    statuses = [s[best] for s in record["statuses"]]
+    final = statuses[-1] if statuses else NONFINITE
+    converged = (
+        out["stop_reason"] is None
+        and final in (GRADIENT, LOSS)
+        and len(statuses) == len(phases)
+    )
+    if out["stop_reason"] is not None:
+        message = out["stop_reason"]
+    elif final == NONFINITE:
+        message = (
+            f"stopped: the loss or its gradient stayed non-finite for "
+            f"{options.max_retreats} retreats in a row (phase "
+            f"{len(statuses)}: {phases[len(statuses) - 1].method}); returning the "
+            "last good state"
+        )
+        warnings.warn(message, RuntimeWarning, stacklevel=2)
+    elif final in (GRADIENT, LOSS):
+        message = f"converged: {STATUS[final]}"
+    else:
+        message = "stopped: iteration limit of the last phase reached"
+    hist = record["history"]
+
+    # -- results --
+    fitted = free.params(x_best, data["rest"])
+    sol = jit(lambda x, d: objective.predictions(x, d, throw=True)[1])(x_best, data)
+    trajectories = trajectory_dataset(problem, fitted, sol)
+    method = config.uncertainty or "auto"
+    level_ = config.level or 0.95
+    cov = None
+    unc: dict[str, Any] = {"method": "none", "level": level_}
+    if method != "none":
+        lap = laplace(
+            objective, x_best, data, method=method, noise=config.noise or "auto"
+        )
+        cov = lap.covariance
+        unc = {
+            "method": lap.method,
+            "level": level_,
+            "noise_variance": lap.noise_variance,
+            "message": lap.message,
+        }
+    table = parameter_table(objective, x_best, data, cov, level=level_)
+    arrays, _ = eqx.partition(fitted, eqx.is_inexact_array)
+    coefficients = np.asarray(ravel_pytree(arrays)[0])
+    free_flags = _free_flags(fitted, problem.model.free_mask(fitted))
+    per_patch = {p.name for p in problem.spec.parameters if p.per_patch}
+    coef_labels, _ = leaf_labels(arrays, problem.patches, per_patch)
+    model_path = problem.model_path
+    model_text = (
+        Path(model_path).read_text() if model_path and Path(model_path).exists() else ""
+    )
+    return FitResult(
+        params=fitted,
+        values=constrained_dict(problem, fitted),
+        table=table,
+        loss=float(f_all[best]),
+        iterations=int(record["iteration"]),
+        converged=bool(converged),
+        message=message,
+        loss_history=hist["loss"][best],
+        grad_norm_history=hist["grad_norm"][best],
+        step_history=hist["step"][best],
+        phase_history=hist["phase"][best].astype(np.int64),
+        labels=free.labels,
+        x=np.asarray(x_best),
+        covariance=cov,
+        coefficients=coefficients,
+        coefficient_labels=tuple(coef_labels),
+        coefficient_free=free_flags,
+        start_losses=f_all,
+        initial_losses=np.asarray(record["initial_loss"]),
+        best_start=best,
+        uncertainty=unc,
+        settings=settings,
+        solver_stats={k: int(np.asarray(v)) for k, v in sol.stats.items()},
+        timing={
+            "wall_s": time.perf_counter() - wall,
+            "optimize_s": optimize_s,
+            "optimize_total_s": float(record["elapsed"]),
+        },
+        trajectories=trajectories,
+        problem=problem,
+        model_text=model_text,
+        fit_config=dict(config.raw),
+        hashes=problem.hashes(),
+        versions=library_versions(),
+    )
+
+
+def _free_flags(params, mask) -> np.ndarray:
+    """A bool per array element of `params`: is it free?"""
+    arrays, _ = eqx.partition(params, eqx.is_inexact_array)
+    flags = jax.tree.map(
+        lambda a, m: None if a is None else np.full(np.shape(a), bool(m)),
+        arrays,
+        mask,
+        is_leaf=lambda v: v is None,
+    )
+    leaves = [np.ravel(f) for f in jax.tree.leaves(flags)]
+    return np.concatenate(leaves) if leaves else np.zeros((0,), bool)
+
+
+def _not_least_squares(objective: FitObjective) -> str:
+    parts = [f"'{k}' {f}" for k, f in objective.families.items() if f != "gaussian"]
+    parts += [
+        f"a {type(p).__name__} prior on '{k}'"
+        for k, p in objective.free.priors.items()
+        if type(p).__name__ != "Normal"
+    ]
+    return ", ".join(parts)
+
+
+def _numeric(settings: dict) -> dict:
+    """The settings that change the numbers (not budgets or bookkeeping)."""
+    drop = {"max_iterations"}
+    return {k: v for k, v in settings.items() if k not in drop}

@@ -1,0 +1,408 @@
+"""Fit configuration: `FIT.toml` files and their Python twins (dicts).
+
+A fit configuration says how to fit, never what the model is: optimiser phases,
+tolerances and budgets, multi-start, checkpointing, uncertainty, and overrides of
+the model's parameters (initial value, fixed/free, transform, bounds, a prior or
+an L2 penalty). Every field is optional. See `docs/calibration.md`.
+
+Every problem raises [`FitConfigError`][] naming the file (or `"fit"` for a
+dict), the field path and what is wrong, e.g.
+`models/sir_fit.toml: phases[1].method: unknown value 'bfgs'; expected one of: ...`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import tomllib
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from epifit.model._reader import Reader, at, join
+from epifit.model._transform import TRANSFORMS, bounds_error
+
+__all__ = [
+    "FitConfig",
+    "FitConfigError",
+    "ParameterOverride",
+    "PhaseConfig",
+    "PriorConfig",
+    "load_fit_config",
+    "parse_fit_config",
+    "parse_phases",
+]
+
+
+class FitConfigError(ValueError):
+    """An invalid fit configuration; the message names file, field and fix."""
+
+    def __init__(
+        self, reason: str, *, file: str | None = None, location: str | None = None
+    ):
+        self.file, self.location, self.reason = file, location, reason
+        super().__init__(": ".join([p for p in (file, location) if p] + [reason]))
+
+
+class _Reader(Reader):
+    def fail(self, location: str | None, reason: str) -> FitConfigError:
+        return FitConfigError(reason, file=self.file, location=location)
+
+    def positive(self, value: Any, location: str) -> float:
+        x = self.number(value, location)
+        if x <= 0:
+            raise self.fail(location, f"must be > 0, got {value}")
+        return x
+
+    def nonnegative(self, value: Any, location: str) -> float:
+        x = self.number(value, location)
+        if x < 0:
+            raise self.fail(location, f"must be >= 0, got {value}")
+        return x
+
+    def fraction(self, value: Any, location: str) -> float:
+        x = self.number(value, location)
+        if not 0.0 < x < 1.0:
+            raise self.fail(location, f"must lie strictly between 0 and 1, got {value}")
+        return x
+
+
+FIRST_ORDER = ("adam", "rmsprop", "sgd")
+METHODS = (*FIRST_ORDER, "lbfgs", "levenberg_marquardt", "gauss_newton")
+ALIASES = {"lm": "levenberg_marquardt", "l-bfgs": "lbfgs", "gn": "gauss_newton"}
+SCHEDULES = ("constant", "cosine", "exponential", "warmup_cosine")
+ADJOINTS = ("checkpoint", "backsolve", "interpolating", "quadrature", "forward")
+SOLVERS = ("tsit5", "dopri5", "bosh3", "kvaerno3", "kvaerno5")
+UNCERTAINTY_METHODS = ("auto", "hessian", "gauss_newton", "none")
+NOISE = ("auto", "estimate", "known")
+PRIORS = ("normal", "lognormal")
+
+_COMMON = ("method", "iterations", "tolerance", "loss_tolerance", "patience")
+_SCHEDULE = (
+    "learning_rate",
+    "schedule",
+    "decay_rate",
+    "transition_steps",
+    "warmup_steps",
+    "final_fraction",
+    "clip",
+)
+PHASE_FIELDS = {
+    "adam": (*_COMMON, *_SCHEDULE, "b1", "b2", "eps"),
+    "rmsprop": (*_COMMON, *_SCHEDULE, "decay", "eps", "momentum", "centered"),
+    "sgd": (*_COMMON, *_SCHEDULE, "momentum", "nesterov"),
+    "lbfgs": (*_COMMON, "memory_size", "max_linesearch_steps"),
+    "levenberg_marquardt": (*_COMMON, "damping"),
+    "gauss_newton": (*_COMMON,),
+}
+TOP_LEVEL = (
+    "description",
+    "n_starts",
+    "seed",
+    "perturbation",
+    "max_iterations",
+    "tolerance",
+    "loss_tolerance",
+    "patience",
+    "time_budget",
+    "rtol",
+    "atol",
+    "max_steps",
+    "adjoint",
+    "solver",
+    "checkpoint_every",
+    "chunk_size",
+    "max_retreats",
+    "parameters",
+    "phases",
+    "uncertainty",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class PhaseConfig:
+    """One optimiser phase. `options` holds the method's own settings (learning
+    rate, schedule, momentum, memory size, damping, ...)."""
+
+    method: str
+    iterations: int = 200
+    tolerance: float | None = None
+    loss_tolerance: float | None = None
+    patience: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+
+    def option(self, name: str, default: Any = None) -> Any:
+        return dict(self.options).get(name, default)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"method": self.method, "iterations": self.iterations}
+        for k in ("tolerance", "loss_tolerance", "patience"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        out.update(dict(self.options))
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PriorConfig:
+    """A prior on the constrained value: `normal` (`mean`, `sd`) or `lognormal`
+    (`median`, `sdlog`: `log(value)` is normal with mean `log(median)`)."""
+
+    family: str
+    a: float
+    b: float
+
+
+@dataclasses.dataclass(frozen=True)
+class ParameterOverride:
+    """Fit-time changes to one model parameter (or neural sub-model)."""
+
+    value: float | tuple[float, ...] | None = None
+    fixed: bool | None = None
+    transform: str | None = None
+    bounds: tuple[float, float] | None = None
+    prior: PriorConfig | None = None
+    l2: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FitConfig:
+    """A parsed fit configuration. `None` means "not set here"."""
+
+    source: str | None = None
+    raw: Mapping[str, Any] = dataclasses.field(default_factory=dict, compare=False)
+    n_starts: int | None = None
+    seed: int | None = None
+    perturbation: float | None = None
+    max_iterations: int | None = None
+    tolerance: float | None = None
+    loss_tolerance: float | None = None
+    patience: int | None = None
+    time_budget: float | None = None
+    rtol: float | None = None
+    atol: float | None = None
+    max_steps: int | None = None
+    adjoint: str | None = None
+    solver: str | None = None
+    checkpoint_every: int | None = None
+    chunk_size: int | None = None
+    max_retreats: int | None = None
+    parameters: Mapping[str, ParameterOverride] = dataclasses.field(
+        default_factory=dict
+    )
+    phases: tuple[PhaseConfig, ...] | None = None
+    uncertainty: str | None = None
+    level: float | None = None
+    noise: str | None = None
+
+
+def load_fit_config(path: str | os.PathLike) -> FitConfig:
+    """Read and validate a `FIT.toml` file."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"Fit configuration file {path} does not exist.")
+    if path.is_dir():
+        raise IsADirectoryError(f"Fit configuration path {path} is a directory.")
+    text = path.read_text()
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        match = re.search(r"line (\d+)", str(e))
+        line = match.group(1) if match else max(1, len(text.splitlines()))
+        raise FitConfigError(
+            f"invalid TOML: {e}", file=str(path), location=f"line {line}"
+        ) from None
+    return parse_fit_config(data, file=str(path))
+
+
+def parse_fit_config(data: Mapping[str, Any], *, file: str = "fit") -> FitConfig:
+    """Validate a fit configuration given as a (TOML-shaped) mapping."""
+    r = _Reader(file)
+    t = r.table(data, None, optional=TOP_LEVEL)
+    kw: dict[str, Any] = {}
+    for key in ("n_starts", "max_iterations", "checkpoint_every", "chunk_size"):
+        if key in t:
+            kw[key] = r.integer(t[key], key, 1)
+    for key in ("patience", "max_retreats", "max_steps"):
+        if key in t:
+            kw[key] = r.integer(t[key], key, 1)
+    if "seed" in t:
+        kw["seed"] = r.integer(t["seed"], "seed", 0)
+    for key in ("perturbation", "tolerance", "loss_tolerance"):
+        if key in t:
+            kw[key] = r.nonnegative(t[key], key)
+    for key in ("time_budget", "rtol", "atol"):
+        if key in t:
+            kw[key] = r.positive(t[key], key)
+    if "description" in t:
+        r.string(t["description"], "description")
+    if "adjoint" in t:
+        kw["adjoint"] = r.choice(t["adjoint"], "adjoint", ADJOINTS)
+    if "solver" in t:
+        kw["solver"] = r.choice(t["solver"], "solver", SOLVERS)
+    if "parameters" in t:
+        kw["parameters"] = _parameters(r, t["parameters"])
+    if "phases" in t:
+        kw["phases"] = _phases(r, t["phases"], "phases")
+    if "uncertainty" in t:
+        u = r.table(
+            t["uncertainty"], "uncertainty", optional=("method", "level", "noise")
+        )
+        if "method" in u:
+            kw["uncertainty"] = r.choice(
+                u["method"], "uncertainty.method", UNCERTAINTY_METHODS
+            )
+        if "level" in u:
+            kw["level"] = r.fraction(u["level"], "uncertainty.level")
+        if "noise" in u:
+            kw["noise"] = r.choice(u["noise"], "uncertainty.noise", NOISE)
+    return FitConfig(source=file, raw=dict(data), **kw)
+
+
+def parse_phases(
+    value: str | Mapping[str, Any] | Sequence[Any], *, file: str = "optimizer"
+) -> tuple[PhaseConfig, ...]:
+    """Phases from the Python API: a method name (`"lbfgs"`), one phase as a
+    dict, or a list of names/dicts (`[{"method": "adam", ...}, "lbfgs"]`)."""
+    r = _Reader(file)
+    if isinstance(value, str | Mapping):
+        value = [value]
+    return _phases(r, value, None)
+
+
+def _phases(r: _Reader, value: Any, location: str | None) -> tuple[PhaseConfig, ...]:
+    items = r.array(value, location or "phases")
+    return tuple(
+        _phase(r, {"method": item} if isinstance(item, str) else item, at(location, j))
+        for j, item in enumerate(items)
+    )
+
+
+def _phase(r: _Reader, value: Any, loc: str) -> PhaseConfig:
+    if not isinstance(value, Mapping):
+        raise r.fail(loc, f"expected a table with a 'method', got {value!r}")
+    if "method" not in value:
+        raise r.fail(at(loc, "method"), "missing required field 'method'")
+    method = value["method"]
+    if isinstance(method, str):
+        method = ALIASES.get(method.lower(), method.lower())
+    method = r.choice(method, at(loc, "method"), METHODS)
+    t = r.table(value, loc, required=("method",), optional=PHASE_FIELDS[method])
+    iterations = r.integer(t.get("iterations", 200), at(loc, "iterations"), 1)
+    common: dict[str, Any] = {}
+    for key in ("tolerance", "loss_tolerance"):
+        if key in t:
+            common[key] = r.nonnegative(t[key], at(loc, key))
+    if "patience" in t:
+        common["patience"] = r.integer(t["patience"], at(loc, "patience"), 1)
+    opts: dict[str, Any] = {}
+    for key in ("learning_rate", "eps", "damping", "clip", "final_fraction"):
+        if key in t:
+            check = r.nonnegative if key == "damping" else r.positive
+            opts[key] = check(t[key], at(loc, key))
+    for key in ("b1", "b2", "decay", "momentum", "decay_rate"):
+        if key in t:
+            x = r.number(t[key], at(loc, key))
+            if not 0.0 <= x < 1.0 and not (key == "decay_rate" and 0.0 < x):
+                raise r.fail(at(loc, key), f"must lie in [0, 1), got {t[key]}")
+            opts[key] = x
+    for key in ("transition_steps", "warmup_steps", "memory_size"):
+        if key in t:
+            opts[key] = r.integer(t[key], at(loc, key), 1)
+    if "max_linesearch_steps" in t:
+        opts["max_linesearch_steps"] = r.integer(
+            t["max_linesearch_steps"], at(loc, "max_linesearch_steps"), 1
+        )
+    for key in ("centered", "nesterov"):
+        if key in t:
+            opts[key] = r.boolean(t[key], at(loc, key))
+    if "schedule" in t:
+        opts["schedule"] = r.choice(t["schedule"], at(loc, "schedule"), SCHEDULES)
+        if opts["schedule"] == "warmup_cosine" and "warmup_steps" not in opts:
+            raise r.fail(
+                at(loc, "warmup_steps"),
+                "schedule 'warmup_cosine' needs warmup_steps (e.g. warmup_steps = 20)",
+            )
+    if "final_fraction" in opts and opts["final_fraction"] > 1:
+        raise r.fail(at(loc, "final_fraction"), "must be <= 1")
+    return PhaseConfig(
+        method, iterations, options=tuple(sorted(opts.items())), **common
+    )
+
+
+def _parameters(r: _Reader, value: Any) -> dict[str, ParameterOverride]:
+    if not isinstance(value, Mapping):
+        raise r.fail("parameters", f"expected a table, got {value!r}")
+    table = dict(value)
+    out = {}
+    fields = ("value", "fixed", "transform", "bounds", "prior", "l2")
+    for name, entry in table.items():
+        loc = at("parameters", str(name))
+        t = r.table(entry, loc, optional=fields)
+        kw: dict[str, Any] = {}
+        if "fixed" in t:
+            kw["fixed"] = r.boolean(t["fixed"], at(loc, "fixed"))
+        if "transform" in t:
+            kw["transform"] = r.choice(t["transform"], at(loc, "transform"), TRANSFORMS)
+        if "bounds" in t:
+            bl = at(loc, "bounds")
+            b = r.array(t["bounds"], bl)
+            if len(b) != 2:
+                raise r.fail(bl, f"expected [lower, upper], got {len(b)} entries")
+            lo = r.number(b[0], at(bl, 0), finite=False)
+            hi = r.number(b[1], at(bl, 1), finite=False)
+            if "transform" in kw and (why := bounds_error(kw["transform"], lo, hi)):
+                raise r.fail(bl, why)
+            kw["bounds"] = (lo, hi)
+        if "value" in t:
+            vl = at(loc, "value")
+            v = t["value"]
+            if isinstance(v, list | tuple):
+                kw["value"] = tuple(
+                    r.number(x, at(vl, j)) for j, x in enumerate(r.array(v, vl))
+                )
+            else:
+                kw["value"] = r.number(v, vl)
+        if "l2" in t:
+            kw["l2"] = r.nonnegative(t["l2"], at(loc, "l2"))
+        if "prior" in t:
+            kw["prior"] = _prior(r, t["prior"], at(loc, "prior"))
+        out[str(name)] = ParameterOverride(**kw)
+    return out
+
+
+def _prior(r: _Reader, value: Any, loc: str) -> PriorConfig:
+    if not isinstance(value, Mapping):
+        raise r.fail(
+            loc,
+            'expected a table such as { family = "normal", mean = 2.0, sd = 0.5 }, '
+            f"got {value!r}",
+        )
+    family = r.choice(value.get("family", "normal"), at(loc, "family"), PRIORS)
+    keys = ("mean", "sd") if family == "normal" else ("median", "sdlog")
+    t = r.table(value, loc, required=keys, optional=("family",))
+    a = r.number(t[keys[0]], at(loc, keys[0]))
+    if family == "lognormal" and a <= 0:
+        raise r.fail(at(loc, "median"), f"must be > 0, got {t['median']}")
+    b = r.positive(t[keys[1]], at(loc, keys[1]))
+    return PriorConfig(family, a, b)
+
+
+def merge(config: FitConfig, **overrides: Any) -> FitConfig:
+    """`config` with every override that is not `None` applied (keyword
+    arguments of `calibrate` win over the file)."""
+    return dataclasses.replace(
+        config, **{k: v for k, v in overrides.items() if v is not None}
+    )
+
+
+def known_names(config: FitConfig, names: Sequence[str], model: str) -> None:
+    """Raise if the configuration overrides a parameter the model lacks."""
+    unknown = sorted(set(config.parameters) - set(names))
+    if unknown:
+        raise FitConfigError(
+            f"unknown parameter(s) {join(unknown)}; model '{model}' has {join(names)}",
+            file=config.source,
+            location="parameters",
+        )

@@ -1,0 +1,349 @@
+"""The optimiser loop: phases of methods, run jitted in chunks of iterations.
+
+Each phase compiles one function that runs up to `k` iterations of its method
+inside a `lax.while_loop` (for every start at once, by `vmap`) and records the
+loss, gradient norm and step of each iteration. Between chunks the host updates
+the progress bar, writes checkpoints and checks the time budget. Chunk sizes
+adapt to the cost of an iteration (about one chunk per `target_seconds`) but
+never change the numbers: an iteration is the same compiled computation
+whichever chunk it falls in, so a run resumed from a checkpoint reproduces an
+uninterrupted one exactly.
+
+Robustness: a step whose loss or gradient is not finite is rejected; the state
+retreats to the last good point and the step is halved (first-order methods),
+the L-BFGS memory restarts or the Levenberg-Marquardt damping grows. After
+`max_retreats` rejections in a row the start stops, keeping its last good state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from epifit._jit import jit
+from epifit.fitting._config import PhaseConfig
+from epifit.fitting._methods import AbstractMethod, make_method
+
+__all__ = ["Carry", "OptimizeOptions", "Optimizer", "STATUS"]
+
+RUNNING, GRADIENT, LOSS, NONFINITE = 0, 1, 2, 3
+STATUS = {
+    RUNNING: "running",
+    GRADIENT: "gradient below tolerance",
+    LOSS: "loss change below tolerance",
+    NONFINITE: "non-finite loss or gradient persisted",
+}
+CAPACITY = 256  # the most iterations one compiled chunk runs (history buffer)
+
+
+class Carry(eqx.Module):
+    """The state of one start between iterations (batched over starts)."""
+
+    x: jax.Array
+    f: jax.Array
+    g: jax.Array
+    state: Any
+    scale: jax.Array  # retreat factor applied to steps (1 = full steps)
+    n_bad: jax.Array  # consecutive rejected steps
+    n_flat: jax.Array  # consecutive iterations with a small loss change
+    iteration: jax.Array  # iterations done in this phase
+    status: jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizeOptions:
+    tolerance: float = 1e-8  # max|grad| <= tolerance * max(1, |loss|)
+    loss_tolerance: float = 1e-12  # |Δloss| <= loss_tolerance * max(1, |loss|)
+    patience: int = 5  # ... for this many iterations in a row
+    max_iterations: int | None = None  # over all phases
+    time_budget: float | None = None  # seconds, checked between chunks
+    max_retreats: int = 30
+    chunk_size: int | None = None  # fixed iterations per chunk (default adaptive)
+    target_seconds: float = 0.5
+
+
+def _phase_settings(phase: PhaseConfig, options: OptimizeOptions) -> tuple:
+    return (
+        options.tolerance if phase.tolerance is None else phase.tolerance,
+        options.loss_tolerance
+        if phase.loss_tolerance is None
+        else phase.loss_tolerance,
+        options.patience if phase.patience is None else phase.patience,
+    )
+
+
+class Optimizer:
+    """Runs the phases of a fit on a batch of starting points.
+
+    Args:
+        fun: the objective (`loss`, `value_and_grad`, `residuals_and_jacobian`).
+        phases: the phases, in order.
+        options: tolerances and budgets.
+        progress: a callback `(event, info)` for the progress display, or None.
+        checkpoint: a callback `(snapshot)` called at checkpoint iterations.
+        checkpoint_every: iterations between checkpoints (global count).
+    """
+
+    def __init__(
+        self,
+        fun,
+        phases: Sequence[PhaseConfig],
+        options: OptimizeOptions,
+        *,
+        progress=None,
+        checkpoint: Callable[[dict], None] | None = None,
+        checkpoint_every: int | None = None,
+    ):
+        self.fun = fun
+        self.phases = tuple(phases)
+        self.methods = [make_method(p) for p in self.phases]
+        self.options = options
+        self.progress = progress
+        self.checkpoint = checkpoint
+        self.checkpoint_every = checkpoint_every
+        self._chunks: dict[int, Callable] = {}
+        self._inits: dict[int, Callable] = {}
+        self._evaluate = None
+
+    # -- compiled pieces --------------------------------------------------------------
+    def evaluate(self, xs, data):
+        """Loss and gradient at every start `(start, n)`."""
+        if self._evaluate is None:
+            self._evaluate = jit(jax.vmap(self.fun.value_and_grad, in_axes=(0, None)))
+        return self._evaluate(xs, data)
+
+    def _init_fn(self, p: int):
+        if p not in self._inits:
+            method = self.methods[p]
+            fun = self.fun
+
+            def init(x, f, g, data):
+                state, f, g = method.init(x, f, g, fun, data)
+                return state, f, g
+
+            fn = jax.vmap(init, in_axes=(0, 0, 0, None))
+            self._inits[p] = jit(fn) if method.needs_evaluation else jax.jit(fn)
+        return self._inits[p]
+
+    def _chunk_fn(self, p: int):
+        if p in self._chunks:
+            return self._chunks[p]
+        method: AbstractMethod = self.methods[p]
+        fun = self.fun
+        gtol, ftol, patience = _phase_settings(self.phases[p], self.options)
+        max_retreats = self.options.max_retreats
+
+        def iterate(c: Carry, data) -> tuple[Carry, tuple]:
+            x, f, g, state, info = method.step(
+                c.x, c.f, c.g, c.state, c.scale, fun, data
+            )
+            bad = info.nonfinite
+            keep = lambda new, old: jnp.where(bad, old, new)  # noqa: E731
+            x, f, g = keep(x, c.x), keep(f, c.f), keep(g, c.g)
+            fallback = method.on_nonfinite(c.state, state, c.x)
+            state = jax.tree.map(keep, state, fallback)
+            scale = jnp.where(bad, 0.5 * c.scale, jnp.minimum(1.0, 2.0 * c.scale))
+            n_bad = jnp.where(bad, c.n_bad + 1, 0)
+            size = jnp.maximum(1.0, jnp.abs(f))
+            flat = jnp.abs(c.f - f) <= ftol * size
+            n_flat = jnp.where(bad, c.n_flat, jnp.where(flat, c.n_flat + 1, 0))
+            gnorm = jnp.max(jnp.abs(g)) if g.size else jnp.zeros((), f.dtype)
+            status = jnp.where(
+                n_bad >= max_retreats,
+                NONFINITE,
+                jnp.where(
+                    ~bad & (gnorm <= gtol * size),
+                    GRADIENT,
+                    jnp.where(
+                        (n_flat >= patience) | info.stuck,
+                        LOSS,
+                        RUNNING,
+                    ),
+                ),
+            ).astype(jnp.int32)
+            step = jnp.sqrt(jnp.sum(jnp.square(x - c.x)))
+            new = Carry(x, f, g, state, scale, n_bad, n_flat, c.iteration + 1, status)
+            return new, (f, gnorm, step)
+
+        def run(c: Carry, data, n_end):
+            start = c.iteration
+            dt = c.f.dtype
+            buf = (
+                jnp.full((CAPACITY,), jnp.nan, dt),
+                jnp.full((CAPACITY,), jnp.nan, dt),
+                jnp.full((CAPACITY,), jnp.nan, dt),
+            )
+
+            def cond(s):
+                c, _ = s
+                return (c.status == RUNNING) & (c.iteration < n_end)
+
+            def body(s):
+                c, buf = s
+                i = c.iteration - start
+                c, rec = iterate(c, data)
+                buf = tuple(b.at[i].set(v) for b, v in zip(buf, rec, strict=True))
+                return c, buf
+
+            return jax.lax.while_loop(cond, body, (c, buf))
+
+        fn = jit(jax.vmap(run, in_axes=(0, None, None)))
+        self._chunks[p] = fn
+        return fn
+
+    # -- the host loop ---------------------------------------------------------------
+    def start_phase(self, p: int, x, f, g, data, alive) -> Carry:
+        state, f, g = self._init_fn(p)(x, f, g, data)
+        n = x.shape[0]
+        dt = x.dtype
+        status = jnp.where(alive, RUNNING, NONFINITE).astype(jnp.int32)
+        return Carry(
+            x,
+            f,
+            g,
+            state,
+            jnp.ones((n,), dt),
+            jnp.zeros((n,), jnp.int32),
+            jnp.zeros((n,), jnp.int32),
+            jnp.zeros((n,), jnp.int32),
+            status,
+        )
+
+    def template(self, p: int, xs, data) -> Carry:
+        """The structure of a phase's carry (for restoring checkpoints)."""
+        n = xs.shape[0]
+        f = jnp.zeros((n,), xs.dtype)
+        return jax.eval_shape(
+            lambda x, f, g: self.start_phase(p, x, f, g, data, jnp.ones(n, bool)),
+            xs,
+            f,
+            xs,
+        )
+
+    def run(self, xs, data, *, resume: dict | None = None) -> dict:
+        """Optimise from starting points `xs (start, n)`.
+
+        Returns `{"carry", "record", "stop_reason"}`: the final state of every
+        start, the record (per-start histories of loss, gradient norm and step,
+        the phase of each iteration, the status of every start at the end of
+        every phase) and why the run stopped early (time budget, iteration
+        cap), or None.
+        """
+        opts = self.options
+        t0 = time.perf_counter()
+        n_starts = xs.shape[0]
+        if resume is None:
+            f, g = self.evaluate(xs, data)
+            f_np, g_np = np.asarray(f), np.asarray(g)
+            alive = np.isfinite(f_np) & np.all(np.isfinite(g_np), axis=1)
+            if not alive.any():
+                raise FloatingPointError(
+                    "The loss or its gradient is not finite at every starting point "
+                    f"(loss {f_np.tolist()}); check the initial parameter values "
+                    "and the data."
+                )
+            rec = new_record(n_starts, f_np)
+            carry = self.start_phase(0, xs, f, g, data, jnp.asarray(alive))
+        else:
+            rec, carry = resume["record"], resume["carry"]
+        t_offset = rec["elapsed"]
+        stop_reason = None
+        chunk = opts.chunk_size or 2
+        cap = opts.max_iterations
+        every = self.checkpoint_every if self.checkpoint is not None else None
+        for p in range(rec["phase"], len(self.phases)):
+            phase = self.phases[p]
+            if p != rec["phase"]:
+                alive = np.asarray(carry.status) != NONFINITE
+                carry = self.start_phase(
+                    p, carry.x, carry.f, carry.g, data, jnp.asarray(alive)
+                )
+                rec["phase"], rec["phase_iteration"] = p, 0
+            run_chunk = self._chunk_fn(p)
+            if self.progress is not None:
+                self.progress.phase(p, phase, rec)
+            while True:
+                remaining = phase.iterations - rec["phase_iteration"]
+                if cap is not None:
+                    remaining = min(remaining, cap - rec["iteration"])
+                if remaining <= 0 or not (np.asarray(carry.status) == RUNNING).any():
+                    break
+                k = min(chunk, remaining, CAPACITY)
+                if every:
+                    k = min(k, every - rec["iteration"] % every)
+                before = np.asarray(carry.iteration)
+                t = time.perf_counter()
+                n_end = jnp.asarray(rec["phase_iteration"] + k, jnp.int32)
+                carry, buf = run_chunk(carry, data, n_end)
+                counts = np.asarray(carry.iteration) - before
+                seconds = time.perf_counter() - t
+                done = int(counts.max())
+                _append(rec, buf, counts, p)
+                rec["phase_iteration"] += done
+                rec["iteration"] += done
+                rec["elapsed"] = t_offset + time.perf_counter() - t0
+                if opts.chunk_size is None and done:
+                    per = seconds / done
+                    chunk = int(np.clip(opts.target_seconds / per, 1, CAPACITY))
+                if self.progress is not None:
+                    self.progress.update(carry, rec)
+                if every and rec["iteration"] % every == 0:
+                    self.checkpoint(dict(carry=carry, record=rec))
+                if opts.time_budget is not None and rec["elapsed"] >= opts.time_budget:
+                    stop_reason = (
+                        f"time budget of {opts.time_budget:g} s reached after "
+                        f"{rec['iteration']} iterations"
+                    )
+                    if self.checkpoint is not None:
+                        self.checkpoint(dict(carry=carry, record=rec))
+                    break
+            rec["statuses"].append(np.asarray(carry.status).tolist())
+            if stop_reason is not None:
+                break
+            if cap is not None and rec["iteration"] >= cap:
+                if p < len(self.phases) - 1:
+                    stop_reason = (
+                        f"iteration cap of {cap} reached in phase {p + 1} "
+                        f"({phase.method})"
+                    )
+                break
+        if stop_reason is None:
+            rec["phase"] = len(self.phases)
+        rec["elapsed"] = t_offset + time.perf_counter() - t0
+        return dict(carry=carry, record=rec, stop_reason=stop_reason)
+
+
+HISTORY = ("loss", "grad_norm", "step")
+
+
+def new_record(n_starts: int, initial_loss: np.ndarray) -> dict:
+    """The host-side record of a run (all NumPy, saved in checkpoints)."""
+    return {
+        "phase": 0,
+        "phase_iteration": 0,
+        "iteration": 0,
+        "history": {
+            k: [np.zeros((0,)) for _ in range(n_starts)] for k in (*HISTORY, "phase")
+        },
+        "initial_loss": np.asarray(initial_loss, np.float64),
+        "statuses": [],
+        "elapsed": 0.0,
+    }
+
+
+def _append(rec: dict, buf, counts, p: int) -> None:
+    """Append each start's iterations of a chunk to its history."""
+    hist = rec["history"]
+    arrays = [np.asarray(b) for b in buf]
+    for s, c in enumerate(counts):
+        c = int(c)
+        for key, b in zip(HISTORY, arrays, strict=True):
+            hist[key][s] = np.concatenate([hist[key][s], b[s, :c]])
+        hist["phase"][s] = np.concatenate([hist["phase"][s], np.full((c,), float(p))])

@@ -1,0 +1,295 @@
+"""The parameters a fit moves: free/fixed partition, overrides, priors, penalties.
+
+The optimisers see one flat vector `x` of the free entries of the parameter
+pytree, in unconstrained coordinates (transforms map it to the constrained
+scale, so bounds always hold). Fixed parameters, the non-array leaves of neural
+sub-models (activations) and everything else stay outside `x` and never move.
+"""
+
+from __future__ import annotations
+
+import abc
+import copy
+import dataclasses
+import math
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+import jax.random as jr
+import jax.tree_util as jtu
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from jaxtyping import Array, Float
+
+from epifit.fitting._config import FitConfig, FitConfigError, PriorConfig
+from epifit.fitting._problem import Problem
+from epifit.model import compile_model
+from epifit.model._transform import bounds_error, default_bounds, value_error
+
+__all__ = [
+    "AbstractPrior",
+    "AbstractGaussianPrior",
+    "FreeParameters",
+    "LogNormal",
+    "Normal",
+    "apply_overrides",
+    "make_prior",
+]
+
+
+# ------------------------------------------------------------------------ priors
+class AbstractPrior(eqx.Module):
+    """A prior on a parameter's constrained value; `nll` is its negative
+    log-density (up to a constant), summed over the elements."""
+
+    @abc.abstractmethod
+    def nll(self, value: Array) -> Float[Array, ""]: ...
+
+
+class AbstractGaussianPrior(AbstractPrior):
+    """Marks priors whose `nll` is a sum of squares of `residuals`, so that
+    least-squares methods (Gauss-Newton, Levenberg-Marquardt) can use them."""
+
+    @abc.abstractmethod
+    def residuals(self, value: Array) -> Float[Array, " n"]: ...
+
+
+class Normal(AbstractGaussianPrior):
+    """`value ~ Normal(mean, sd)` on the constrained scale."""
+
+    mean: float
+    sd: float
+
+    def __check_init__(self):
+        if not self.sd > 0:
+            raise ValueError(f"Normal prior needs sd > 0; got sd={self.sd}.")
+
+    def residuals(self, value):
+        return jnp.ravel((value - self.mean) / (self.sd * math.sqrt(2.0)))
+
+    def nll(self, value):
+        return jnp.sum(jnp.square(self.residuals(value)))
+
+
+class LogNormal(AbstractPrior):
+    """`log(value) ~ Normal(log(median), sdlog)`: a prior for positive values."""
+
+    median: float
+    sdlog: float
+
+    def __check_init__(self):
+        if not (self.median > 0 and self.sdlog > 0):
+            raise ValueError(
+                "LogNormal prior needs median > 0 and sdlog > 0; got "
+                f"median={self.median}, sdlog={self.sdlog}."
+            )
+
+    def nll(self, value):
+        z = (jnp.log(value) - math.log(self.median)) / self.sdlog
+        return jnp.sum(0.5 * jnp.square(z) + jnp.log(value))
+
+
+def make_prior(config: PriorConfig) -> AbstractPrior:
+    if config.family == "normal":
+        return Normal(config.a, config.b)
+    return LogNormal(config.a, config.b)
+
+
+# --------------------------------------------------------------------- overrides
+def apply_overrides(problem: Problem, config: FitConfig) -> Problem:
+    """The problem with the fit configuration's parameter overrides applied to
+    its model (value, fixed, transform, bounds); the same problem if none."""
+    spec = override_spec(problem.spec, config, problem.n_patches)
+    if spec is problem.spec:
+        return problem
+    out = copy.copy(problem)
+    out.model = compile_model(spec)
+    return out
+
+
+def override_spec(spec, config: FitConfig, n_patches: int):
+    """The model spec with a fit configuration's parameter overrides."""
+    params = {p.name: p for p in spec.parameters}
+    neural = {n.name: n for n in spec.neural}
+
+    def fail(name: str, field: str, reason: str) -> FitConfigError:
+        return FitConfigError(
+            reason, file=config.source, location=f"parameters.{name}.{field}"
+        )
+
+    new_params, new_neural, changed = dict(params), dict(neural), False
+    for name, o in config.parameters.items():
+        if name in neural:
+            for field in ("value", "transform", "bounds", "prior"):
+                if getattr(o, field) is not None:
+                    raise fail(
+                        name,
+                        field,
+                        f"'{name}' is a neural sub-model; only 'fixed' and 'l2' "
+                        "apply to it",
+                    )
+            if o.fixed is not None and o.fixed != neural[name].fixed:
+                new_neural[name] = dataclasses.replace(neural[name], fixed=o.fixed)
+                changed = True
+            continue
+        p = params[name]
+        transform = p.transform if o.transform is None else o.transform
+        if o.bounds is not None:
+            lo, hi = o.bounds
+        elif o.transform is not None and o.transform != p.transform:
+            lo, hi = default_bounds(transform)
+        else:
+            lo, hi = p.bounds
+        if (why := bounds_error(transform, lo, hi)) is not None:
+            raise fail(name, "bounds", why)
+        value = p.value if o.value is None else o.value
+        if isinstance(value, tuple) and not p.per_patch:
+            raise fail(
+                name, "value", f"'{name}' is a scalar parameter; give one number"
+            )
+        if isinstance(value, tuple) and len(value) != n_patches:
+            raise fail(
+                name,
+                "value",
+                f"has {len(value)} values but the problem has {n_patches} patches",
+            )
+        for v in value if isinstance(value, tuple) else (value,):
+            if (why := value_error(transform, v, lo, hi)) is not None:
+                field = "value" if o.value is not None else "transform"
+                raise fail(name, field, why + "; give a value inside the range")
+        fixed = p.fixed if o.fixed is None else o.fixed
+        new = dataclasses.replace(
+            p, value=value, transform=transform, bounds=(lo, hi), fixed=fixed
+        )
+        if new != p:
+            new_params[name], changed = new, True
+    if not changed:
+        return spec
+    return dataclasses.replace(
+        spec,
+        parameters=tuple(new_params[p.name] for p in spec.parameters),
+        neural=tuple(new_neural[n.name] for n in spec.neural),
+    )
+
+
+# --------------------------------------------------------------- free parameters
+def leaf_labels(tree, patches, per_patch) -> tuple[list[str], list[str]]:
+    """A label for every element of every array leaf of a parameter pytree (in
+    `ravel_pytree` order) and the parameter each belongs to."""
+    labels, names = [], []
+    for path, leaf in jtu.tree_flatten_with_path(tree)[0]:
+        name = str(path[0].key)
+        base = name + jtu.keystr(tuple(path[1:]))
+        arr = np.asarray(leaf)
+        if name in per_patch and arr.ndim == 1:
+            labels += [f"{name}[{p}]" for p in patches]
+        elif arr.ndim == 0:
+            labels.append(base)
+        else:
+            labels += [
+                f"{base}[{','.join(map(str, i))}]" for i in np.ndindex(arr.shape)
+            ]
+        names += [name] * arr.size
+    return labels, names
+
+
+class FreeParameters:
+    """The free entries of a parameter pytree as one flat vector.
+
+    Attributes:
+        x0: the flat free vector of the initial parameters.
+        n: its size.
+        labels: one label per entry (`beta`, `scaler[north]`,
+            `beta_mlp.layers[0].weight[2,1]`).
+        names: the parameter (or neural sub-model) each entry belongs to.
+        rest: the array leaves outside `x` (fixed values), passed to compiled
+            functions as traced data.
+    """
+
+    def __init__(self, problem: Problem, params, config: FitConfig | None = None):
+        model = problem.model
+        mask = model.free_mask(params)
+        free, rest = eqx.partition(params, mask)
+        self.problem = problem
+        self.template = params
+        self.x0, self._unravel = ravel_pytree(free)
+        self.rest, self._static = eqx.partition(rest, eqx.is_array)
+        self.n = int(self.x0.size)
+        per_patch = {p.name for p in problem.spec.parameters if p.per_patch}
+        labels, names = leaf_labels(free, problem.patches, per_patch)
+        self.labels = tuple(labels)
+        self.names = tuple(names)
+        config = FitConfig() if config is None else config
+        self.priors: dict[str, AbstractPrior] = {}
+        self.l2: dict[str, float] = {}
+        for name, o in config.parameters.items():
+            if o.prior is not None:
+                self.priors[name] = make_prior(o.prior)
+            if o.l2:
+                self.l2[name] = float(o.l2)
+        self.least_squares_penalty = all(
+            isinstance(p, AbstractGaussianPrior) for p in self.priors.values()
+        )
+
+    def params(self, x: Float[Array, " n"], rest) -> Any:
+        """The full parameter pytree for free vector `x` and fixed leaves `rest`."""
+        return eqx.combine(self._unravel(x), rest, self._static)
+
+    def flatten(self, params) -> Float[Array, " n"]:
+        """The free vector of a parameter pytree of the same structure."""
+        free, _ = eqx.partition(params, self.problem.model.free_mask(params))
+        return ravel_pytree(free)[0]
+
+    def penalty(self, x, rest) -> Float[Array, ""]:
+        """Negative log-prior plus L2 penalties (0 when there are none)."""
+        total = jnp.zeros((), self.x0.dtype)
+        if not (self.priors or self.l2):
+            return total
+        params = self.params(x, rest)
+        if self.priors:
+            values = self.problem.model.constrain(params)
+            for name, prior in self.priors.items():
+                total = total + prior.nll(values[name])
+        for name, lam in self.l2.items():
+            leaves = jtu.tree_leaves(eqx.filter(params[name], eqx.is_inexact_array))
+            total = total + lam * sum(jnp.sum(jnp.square(v)) for v in leaves)
+        return total
+
+    def penalty_residuals(self, x, rest) -> Float[Array, " m"]:
+        """Residuals whose sum of squares is `penalty` (Gaussian priors and L2)."""
+        parts = [jnp.zeros((0,), self.x0.dtype)]
+        params = self.params(x, rest)
+        if self.priors:
+            values = self.problem.model.constrain(params)
+            for name, prior in self.priors.items():
+                if not isinstance(prior, AbstractGaussianPrior):
+                    raise NotImplementedError(
+                        f"The {type(prior).__name__} prior on '{name}' is not a sum "
+                        "of squares; least-squares methods (gauss_newton, "
+                        "levenberg_marquardt) cannot use it. Use a normal prior, or "
+                        "the lbfgs or adam optimisers."
+                    )
+                parts.append(prior.residuals(values[name]))
+        for name, lam in self.l2.items():
+            leaves = jtu.tree_leaves(eqx.filter(params[name], eqx.is_inexact_array))
+            parts += [math.sqrt(lam) * jnp.ravel(v) for v in leaves]
+        return jnp.concatenate(parts)
+
+    def starts(
+        self, x0: Float[Array, " n"], n_starts: int, perturbation: float, seed: int
+    ) -> Float[Array, "start n"]:
+        """`n_starts` initial points: `x0` itself, then `x0` plus seeded normal
+        perturbations of standard deviation `perturbation` (unconstrained)."""
+        if n_starts == 1:
+            return x0[None, :]
+        noise = jr.normal(jr.key(seed), (n_starts - 1, self.n), x0.dtype)
+        return jnp.concatenate([x0[None, :], x0[None, :] + perturbation * noise])
+
+
+def constrained_dict(problem: Problem, params) -> dict[str, Any]:
+    """Constrained parameter values and derived quantities as NumPy (neural
+    sub-models left out)."""
+    values = problem.model.constrain(params)
+    neural = {n.name for n in problem.spec.neural}
+    return {k: np.asarray(v) for k, v in values.items() if k not in neural}
