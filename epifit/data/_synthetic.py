@@ -74,7 +74,7 @@ def synthetic_metapopulation(
     - **True parameters**: the model file's values for scalar parameters; a
       per-patch parameter with no upper bound is spread as
       `lower + (value - lower) * U(0.7, 1.3)`. Each neural sub-model gets
-      random weights (`N(0, 1/in_size)`, biases `N(0, 0.01)`), its output
+      random weights (sd `1/sqrt(in_size)`, biases sd 0.1), its output
       layer then sign-fixed so the rate rises with mean mobility and affinely
       set so the 2nd-98th percentiles of the rate over all days and patches
       are 0.22-0.55 /day. `params` overrides any of these.
@@ -95,7 +95,9 @@ def synthetic_metapopulation(
     * prediction`, so a fit must scale the model's prediction by `population`
     the same way (the dataset attribute `observation_scale` says
     `population`). A model in counts is used as it is (`observation_scale =
-    "none"`); its initial state is `population` times the fractions above.
+    "none"`); its initial state is `population` times the fractions above,
+    and `population` is left out when the model reads neither it nor initial
+    data (it has its own, a parameter such as `N`).
 
     **Noise** on the expected counts `mu`: `poisson`; `negative_binomial` with
     `dispersion` phi (variance `mu + mu^2 / phi`, default 10); `gaussian` with
@@ -139,7 +141,7 @@ def synthetic_metapopulation(
     """
     compiled = _as_model(model)
     spec = compiled.spec
-    _check_arguments(n_patches, n_days, noise, dispersion)
+    _check_arguments(n_patches, n_days, seed, noise, dispersion)
     if dispersion is None:
         dispersion = DEFAULT_DISPERSION.get(noise)
     rng = np.random.default_rng(seed)
@@ -205,7 +207,9 @@ def _as_model(model) -> CompiledModel:
     )
 
 
-def _check_arguments(n_patches, n_days, noise, dispersion) -> None:
+def _check_arguments(n_patches, n_days, seed, noise, dispersion) -> None:
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
+        raise TypeError(f"seed must be an int; got {seed!r}.")
     for name, value, least in (("n_patches", n_patches, 1), ("n_days", n_days, 2)):
         if isinstance(value, bool) or not isinstance(value, int | np.integer):
             raise TypeError(f"{name} must be an int; got {value!r}.")
@@ -323,7 +327,10 @@ def _true_values(model: CompiledModel, rng, n, covariates, params) -> dict[str, 
         raise ValueError(f"Unknown parameters {unknown}; the model has {known}.")
     for name, v in (params or {}).items():
         if isinstance(v, eqx.Module):
-            values[name] = jax.tree.map(lambda x: jnp.asarray(x, jnp.float64), v)
+            values[name] = jax.tree.map(
+                lambda x: jnp.asarray(x, jnp.float64) if eqx.is_array_like(x) else x,
+                v,
+            )
             continue
         arr = jnp.asarray(v, jnp.float64)
         if arr.shape not in ((), values[name].shape):

@@ -72,7 +72,7 @@ def make_objective(
             atol=atol,
             max_steps=max_steps,
         )
-        pred = problem.predict(params, sol.ys)
+        pred = problem.predict(params, sol.ys, arrays)
         values = problem.model.constrain(params)
         total = jnp.zeros((), problem.dtype)
         for o in observed_specs:

@@ -227,10 +227,12 @@ class Problem:
             max_steps=max_steps,
         )
 
-    def predict(self, params, ys) -> dict[str, jnp.ndarray]:
-        """Predicted observed series `(time, patch)`; incidence is NaN-free from
-        day 1, aligned so that row `k` is the change over day `k - 1 -> k`."""
-        return self.model.observe(ys, params)
+    def predict(self, params, ys, arrays=None) -> dict[str, jnp.ndarray]:
+        """Predicted observed series `(time, patch)` (incidence `(time - 1,
+        patch)`: row `k` is the change over day `k -> k + 1`), in the data's
+        units (ascertainment and scale applied)."""
+        arrays = self.arrays if arrays is None else arrays
+        return self.model.observe(ys, params, arrays["covariates"])
 
     def hashes(self) -> dict[str, str | None]:
         return {

@@ -235,8 +235,12 @@ class ModelBuilder:
         sign: int | None = None,
         dispersion: str | None = None,
         ascertainment: str | float | None = None,
+        scale: str | float | None = None,
     ) -> ModelBuilder:
-        """An observed data variable: `prevalence` or `incidence` of compartments."""
+        """An observed data variable: `prevalence` or `incidence` of compartments.
+
+        `scale` converts the model's units to the data's (e.g. `"population"`
+        for a model in fractions of each patch observed as counts)."""
         if isinstance(compartments, Sequence) and not isinstance(compartments, str):
             compartments = list(compartments)
         return self._listed(
@@ -251,6 +255,7 @@ class ModelBuilder:
                     sign=sign,
                     dispersion=dispersion,
                     ascertainment=ascertainment,
+                    scale=scale,
                 ),
             },
         )

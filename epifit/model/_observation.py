@@ -40,7 +40,7 @@ def read_observations(v: Validator) -> tuple[ObservationSpec, ...]:
     """`[[observations]]`: data variables, kinds, families and their parameters."""
     r = v.r
     out = []
-    fields = ("family", "weight", "sign", "dispersion", "ascertainment")
+    fields = ("family", "weight", "sign", "dispersion", "ascertainment", "scale")
     names = set()
     for _, entry, loc in v.listed_tables("observations"):
         t = r.table(
@@ -98,9 +98,31 @@ def read_observations(v: Validator) -> tuple[ObservationSpec, ...]:
                 STATIC_NAMES,
                 "an ascertainment",
             )
+        scale = None
+        if "scale" in t:
+            sl = at(loc, "scale")
+            scale = v.expression(
+                t["scale"], sl, (*STATIC_NAMES, "covariate"), "a scale"
+            )
+            for n in sorted(scale.names):
+                sym = v.symbols[n]
+                if sym[0] == "covariate" and sym[2]:
+                    raise r.fail(
+                        sl,
+                        f"covariate {n!r} varies in time; a scale may use parameters "
+                        "and (patch) covariates such as a population only",
+                    )
         out.append(
             ObservationSpec(
-                name, kind, comps, family, weight, sign, dispersion, ascertainment
+                name,
+                kind,
+                comps,
+                family,
+                weight,
+                sign,
+                dispersion,
+                ascertainment,
+                scale,
             )
         )
     return tuple(out)

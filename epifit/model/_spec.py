@@ -178,6 +178,7 @@ class ObservationSpec:
     sign: int = 1
     dispersion: str | None = None
     ascertainment: Expression | None = None
+    scale: Expression | None = None
 
 
 @_frozen

@@ -468,13 +468,21 @@ class CompiledModel(eqx.Module):
             y0[comp.name] = jnp.concatenate([first[None, :], rest], axis=0)
         return y0
 
-    def observe(self, ys: Y, params: Params | None = None) -> dict[str, Array]:
+    def observe(
+        self,
+        ys: Y,
+        params: Params | None = None,
+        covariates: Mapping[str, ArrayLike] | None = None,
+    ) -> dict[str, Array]:
         """Predicted series for every observation from a trajectory.
 
         Args:
             ys: `{compartment: (time, stages, patch)}`.
-            params: if given, each series is multiplied by its `ascertainment`;
-                without it the series are returned unascertained.
+            params: if given, each series is multiplied by its `ascertainment`
+                and `scale`; without it the series are returned as the model
+                computes them.
+            covariates: the `(patch,)` covariates a `scale` uses (e.g.
+                `population`).
 
         Returns:
             `{data variable: (time, patch)}` for prevalence, `(time - 1, patch)`
@@ -486,6 +494,17 @@ class CompiledModel(eqx.Module):
             series = predict(obs, ys)
             if values is not None and obs.ascertainment is not None:
                 series = _rows(obs.ascertainment.evaluate(values)) * series
+            if values is not None and obs.scale is not None:
+                env = dict(values)
+                for n in obs.scale.names:
+                    if n not in env:
+                        if covariates is None or n not in covariates:
+                            raise self._fail(
+                                f"observations.{obs.name}.scale",
+                                f"needs the covariate {n!r}; pass covariates",
+                            )
+                        env[n] = jnp.asarray(covariates[n])
+                series = _rows(obs.scale.evaluate(env)) * series
             out[obs.name] = series
         return out
 

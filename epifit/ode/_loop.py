@@ -104,10 +104,17 @@ class Integrator(eqx.Module):
         from ._solver import AbstractERK
 
         c = self.controller
+        first = dt <= 0
         if isinstance(self.solver, AbstractERK) and self.solver.tableau.fsal:
             f0, extra = fstate, 0
         else:
-            f0, extra = self.vf(a, y, args, u), 1
+            # Only the first segment needs (and counts) this evaluation.
+            f0 = lax.cond(
+                first,
+                lambda: self.vf(a, y, args, u),
+                lambda: jtu.tree_map(jnp.zeros_like, y),
+            )
+            extra = 1
 
         def scaled(x):
             return rms_norm(
@@ -117,7 +124,6 @@ class Integrator(eqx.Module):
         d0, d1 = scaled(y), scaled(f0)
         h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
         h0 = jnp.where(jnp.isfinite(h0), h0, b - a).astype(a.dtype)
-        first = dt <= 0
         return (
             jnp.where(first, jnp.minimum(h0, b - a), dt),
             jnp.where(first, extra, 0).astype(jnp.int32),

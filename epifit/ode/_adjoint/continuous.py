@@ -238,7 +238,7 @@ class InterpolatingAdjoint(_AbstractContinuousAdjoint):
         return lam, g_a, g_u
 
 
-_GL_NODES = (0.5 - np.sqrt(15) / 10, 0.5, 0.5 + np.sqrt(15) / 10)
+_GL_NODES = (0.5 - float(np.sqrt(15)) / 10, 0.5, 0.5 + float(np.sqrt(15)) / 10)
 _GL_WEIGHTS = (5 / 18, 8 / 18, 5 / 18)
 
 

@@ -14,6 +14,8 @@ ever sees the state pytree; flattening is used for the linear algebra alone.
 Each stage is a `lax.custom_root`: the forward pass runs the Newton iteration
 (a `lax.while_loop`, not differentiated); derivatives come from the implicit
 function theorem at the converged stage value, using the exact Jacobian there.
+The implicit stages run in a `lax.scan` over a `(stage, n)` buffer of stage
+derivatives, so the Newton loop is compiled once rather than once per stage.
 """
 
 from __future__ import annotations
@@ -145,9 +147,8 @@ class AbstractESDIRK(AbstractImplicitSolver):
             )
             return unr(jnp.linalg.solve(mat, y_flat))
 
-        # The implicit stages run in a `lax.scan` over a flat `(stage, n)` buffer
-        # of stage derivatives, so the Newton loop is compiled once, not once per
-        # stage (XLA compile time is the scarce resource on CPU).
+        # One scan over the implicit stages (see the module docstring): XLA
+        # compile time, not run time, is the scarce resource on CPU.
         n_stages = len(tab.c) + 1
         a_mat = np.zeros((n_stages - 1, n_stages))
         p_mat = np.zeros((n_stages - 1, n_stages))

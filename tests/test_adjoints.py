@@ -1,0 +1,396 @@
+"""Every adjoint's gradient against answers epifit did not compute.
+
+References: central finite differences of the loss, diffrax's gradients
+(RecursiveCheckpointAdjoint at tight tolerance, steps stopped at the input
+jumps), forward-mode sensitivities, and the memory plan of the compiled
+checkpoint gradient.
+"""
+
+from __future__ import annotations
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.tree_util as jtu
+import numpy as np
+import pytest
+from helpers import params_from_flat, reference_covariates, reference_initial_data
+
+import epifit.model as em
+from epifit.ode import (
+    BacksolveAdjoint,
+    CheckpointAdjoint,
+    ConstantStepSize,
+    ForwardAdjoint,
+    InterpolatingAdjoint,
+    PIDController,
+    PiecewiseConstant,
+    QuadratureAdjoint,
+    Tsit5,
+    jacobian,
+    solve,
+)
+
+ADJOINTS = {
+    "checkpoint": CheckpointAdjoint(),
+    "backsolve": BacksolveAdjoint(),
+    "backsolve-fullnorm": BacksolveAdjoint(seminorm=False),
+    "interpolating": InterpolatingAdjoint(),
+    "quadrature": QuadratureAdjoint(),
+    "forward": ForwardAdjoint(),
+}
+RTOL, ATOL = 1e-9, 1e-11
+CTRL = PIDController(rtol=RTOL, atol=ATOL)
+# The checkpoint and forward adjoints differentiate the discrete solution, which
+# is within ~RTOL of the exact one; the continuous adjoints solve the adjoint ODE
+# to the same tolerance, and the interpolating/quadrature ones add the error of a
+# cubic Hermite interpolant of the forward state on each step. Against a finite
+# difference of a loss solved at RTOL, all agree to ~1e3 * RTOL relative.
+GRAD_RTOL = 1e-6
+
+
+def _rel(a, b):
+    a = np.asarray(jax.flatten_util.ravel_pytree(a)[0])
+    b = np.asarray(jax.flatten_util.ravel_pytree(b)[0])
+    return np.linalg.norm(a - b) / np.linalg.norm(b)
+
+
+def _fd(f, x, eps=1e-6):
+    """Central finite differences of a scalar function of a flat vector."""
+    x = np.asarray(x, np.float64)
+    g = np.zeros_like(x)
+    for i in range(x.size):
+        e = np.zeros_like(x)
+        e[i] = eps * max(1.0, abs(x[i]))
+        g[i] = (float(f(x + e)) - float(f(x - e))) / (2 * e[i])
+    return g
+
+
+# ---------------------------------------------------------------------------- SIR
+def _sir(t, y, args, u):
+    beta = args["beta"] if u is None else args["beta"] * u
+    inf = beta * y["S"] * y["I"]
+    return {"S": -inf, "I": inf - args["gamma"] * y["I"], "R": args["gamma"] * y["I"]}
+
+
+SIR_TS = np.arange(0.0, 31.0)
+SIR_INPUT_TIMES = np.arange(31.0) - 0.5
+SIR_U = jnp.asarray(1.0 - 0.4 / (1.0 + np.exp(-(np.arange(31.0) - 12.0) / 2.0)))
+SIR_Y0 = {"S": jnp.array(0.99), "I": jnp.array(0.01), "R": jnp.array(0.0)}
+
+
+def _sir_loss(x, adjoint, u=SIR_U, ctrl=CTRL):
+    args = {"beta": x[0], "gamma": x[1]}
+    sol = solve(
+        _sir,
+        SIR_Y0,
+        args,
+        ts=SIR_TS,
+        inputs=PiecewiseConstant(SIR_INPUT_TIMES, u),
+        adjoint=adjoint,
+        stepsize_controller=ctrl,
+    )
+    return jnp.sum(sol.ys["I"] ** 2) + 0.1 * jnp.sum(sol.ys["R"])
+
+
+X_SIR = jnp.array([0.6, 0.2])
+
+
+@pytest.mark.parametrize("name", list(ADJOINTS))
+def test_sir_gradient_matches_finite_differences(name):
+    g = jax.jit(jax.grad(lambda x: _sir_loss(x, ADJOINTS[name])))(X_SIR)
+    fd = _fd(jax.jit(lambda x: _sir_loss(x, CheckpointAdjoint())), X_SIR)
+    assert _rel(g, fd) < GRAD_RTOL
+
+
+@pytest.mark.parametrize("name", list(ADJOINTS))
+def test_sir_input_gradient_matches_finite_differences(name):
+    """Cotangents of differentiated inputs are scattered to the right days."""
+    g = jax.jit(jax.grad(lambda u: _sir_loss(X_SIR, ADJOINTS[name], u)))(SIR_U)
+    f = jax.jit(lambda u: _sir_loss(X_SIR, CheckpointAdjoint(), u))
+    for day in (0, 5, 12, 30):
+        e = np.zeros(SIR_U.shape)
+        e[day] = 1e-6
+        fd = (float(f(SIR_U + e)) - float(f(SIR_U - e))) / 2e-6
+        assert abs(float(g[day]) - fd) <= GRAD_RTOL * max(abs(fd), 1e-3)
+
+
+def test_sir_gradient_matches_diffrax():
+    """diffrax at tight tolerance, stepping to the input jumps (jump_ts)."""
+
+    def loss(x):
+        def f(t, y, args):
+            day = jnp.clip(jnp.floor(t + 0.5).astype(int), 0, 30)
+            return _sir(t, y, args, SIR_U[day])
+
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(f),
+            diffrax.Tsit5(),
+            0.0,
+            30.0,
+            None,
+            SIR_Y0,
+            args={"beta": x[0], "gamma": x[1]},
+            saveat=diffrax.SaveAt(ts=jnp.asarray(SIR_TS)),
+            stepsize_controller=diffrax.PIDController(
+                rtol=1e-11, atol=1e-13, jump_ts=jnp.asarray(SIR_INPUT_TIMES[1:])
+            ),
+            max_steps=100_000,
+        )
+        return jnp.sum(sol.ys["I"] ** 2) + 0.1 * jnp.sum(sol.ys["R"])
+
+    g_ref = jax.jit(jax.grad(loss))(X_SIR)
+    g = jax.jit(jax.grad(lambda x: _sir_loss(x, CheckpointAdjoint())))(X_SIR)
+    assert _rel(g, g_ref) < GRAD_RTOL
+
+
+def test_forward_and_reverse_agree():
+    """The forward-mode Jacobian of the trajectory contracts to the reverse gradient."""
+
+    def traj(x):
+        sol = solve(
+            _sir,
+            SIR_Y0,
+            {"beta": x[0], "gamma": x[1]},
+            ts=SIR_TS,
+            inputs=PiecewiseConstant(SIR_INPUT_TIMES, SIR_U),
+            stepsize_controller=CTRL,
+        )
+        return sol.ys["I"]
+
+    J = jacobian(traj)(X_SIR)  # (time, 2)
+    ct = jnp.linspace(0.5, 1.5, SIR_TS.size)
+    g_rev = jax.grad(lambda x: jnp.vdot(ct, traj(x)))(X_SIR)
+    np.testing.assert_allclose(ct @ J, g_rev, rtol=1e-9)
+
+
+def test_checkpoint_is_the_exact_gradient_of_the_discrete_solution():
+    """With fixed steps, the checkpoint adjoint equals jax.grad through an unrolled
+    loop of the same Tsit5 steps, to rounding."""
+    dt = 0.25
+
+    def unrolled(x):
+        args = {"beta": x[0], "gamma": x[1]}
+        y, out = SIR_Y0, []
+        for k in range(10):
+            u = SIR_U[k] if k == 0 else None
+            out.append(y["I"])
+            # day k holds on [k - 1/2, k + 1/2): two half-day segments per day
+            for t0 in np.arange(k, k + 1, dt):
+                day = int(np.floor(t0 + 0.5))
+                u = SIR_U[day]
+                y = Tsit5().fresh_step(_sir, t0, t0 + dt, y, args, u)
+        out.append(y["I"])
+        return jnp.sum(jnp.stack(out) ** 2)
+
+    def epifit_loss(x):
+        sol = solve(
+            _sir,
+            SIR_Y0,
+            {"beta": x[0], "gamma": x[1]},
+            ts=np.arange(11.0),
+            inputs=PiecewiseConstant(SIR_INPUT_TIMES, SIR_U),
+            stepsize_controller=ConstantStepSize(dt),
+        )
+        return jnp.sum(sol.ys["I"] ** 2)
+
+    np.testing.assert_allclose(epifit_loss(X_SIR), unrolled(X_SIR), rtol=1e-13)
+    g = jax.grad(epifit_loss)(X_SIR)
+    np.testing.assert_allclose(g, jax.grad(unrolled)(X_SIR), rtol=1e-10)
+
+
+def test_float32_gradients_are_close_to_float64():
+    x32 = X_SIR.astype(jnp.float32)
+    y0 = jtu.tree_map(lambda v: v.astype(jnp.float32), SIR_Y0)
+    ctrl = PIDController(rtol=1e-5, atol=1e-7)
+
+    def loss(x, adjoint):
+        sol = solve(
+            _sir,
+            y0,
+            {"beta": x[0], "gamma": x[1]},
+            ts=SIR_TS,
+            inputs=PiecewiseConstant(SIR_INPUT_TIMES, SIR_U.astype(jnp.float32)),
+            adjoint=adjoint,
+            stepsize_controller=ctrl,
+        )
+        return jnp.sum(sol.ys["I"] ** 2) + 0.1 * jnp.sum(sol.ys["R"])
+
+    g64 = jax.grad(lambda x: _sir_loss(x, CheckpointAdjoint()))(X_SIR)
+    for name in ("checkpoint", "backsolve", "interpolating", "quadrature"):
+        g = jax.jit(jax.grad(lambda x, a=ADJOINTS[name]: loss(x, a)))(x32)
+        assert g.dtype == jnp.float32
+        # float32 solves at rtol 1e-5: agreement to ~1e-3 is what the precision allows
+        assert _rel(np.asarray(g, np.float64), g64) < 2e-3, name
+
+
+def test_checkpoint_memory_does_not_grow_with_steps_per_segment():
+    """The compiled gradient's temporary memory is the same for 40 and 400 steps
+    in one segment: the backward pass holds at most `buffer` step states."""
+
+    def temp_bytes(dt):
+        def loss(x):
+            sol = solve(
+                _sir,
+                SIR_Y0,
+                {"beta": x[0], "gamma": x[1]},
+                ts=[0.0, 10.0],
+                stepsize_controller=ConstantStepSize(dt),
+                max_steps=1000,
+            )
+            return sol.ys["I"][-1]
+
+        compiled = jax.jit(jax.grad(loss)).lower(X_SIR).compile()
+        return compiled.memory_analysis().temp_size_in_bytes
+
+    assert temp_bytes(0.25) == temp_bytes(0.025)
+
+
+# ------------------------------------------------------------------- box-car SEIRD
+def test_boxcar_seird_gradients_agree():
+    model = em.compile_model(em.load_model("models/seird_boxcar.toml"))
+    params = model.init_params(3)
+    y0 = model.initial_state(params, {}, 3)
+    free, static = eqx.partition(params, eqx.is_inexact_array)
+
+    def loss(free, adjoint):
+        p = eqx.combine(free, static)
+        args, inputs = model.precompute(p, {}, 3)
+        sol = solve(
+            model.vector_field,
+            y0,
+            args,
+            ts=np.arange(0.0, 60.0, 3.0),
+            inputs=inputs,
+            adjoint=adjoint,
+            stepsize_controller=CTRL,
+        )
+        return jnp.sum(sol.ys["D"] ** 2) * 1e4 + jnp.sum(sol.ys["IR"])
+
+    flat, unravel = jax.flatten_util.ravel_pytree(free)
+    fd = _fd(jax.jit(lambda v: loss(unravel(v), CheckpointAdjoint())), flat)
+    for name in ("checkpoint", "backsolve", "interpolating", "quadrature", "forward"):
+        g = jax.jit(jax.grad(lambda f, a=ADJOINTS[name]: loss(f, a)))(free)
+        assert _rel(g, fd) < GRAD_RTOL, name
+
+
+# --------------------------------------------------- the reference model at 20 patches
+@pytest.fixture(scope="module")
+def reference20(seed_metapop):
+    P = seed_metapop.make_problem(20, 30, 0)
+    model = em.compile_model(em.load_model("models/seird_metapop_mobility.toml"))
+    cov = {k: jnp.asarray(v) for k, v in reference_covariates(P).items()}
+    init = {k: jnp.asarray(v) for k, v in reference_initial_data(P["u0"]).items()}
+    params = params_from_flat(model, P["p_init"], 20)
+    return P, model, cov, init, params
+
+
+def _reference_loss(model, cov, init, data, sm, adjoint, ctrl=CTRL):
+    def loss(p_flat):
+        params = params_from_flat(model, p_flat, 20)
+        y0 = model.initial_state(params, init, 20)
+        args, inputs = model.precompute(params, cov, 20)
+        sol = solve(
+            model.vector_field,
+            y0,
+            args,
+            ts=np.arange(30.0),
+            inputs=inputs,
+            adjoint=adjoint,
+            stepsize_controller=ctrl,
+        )
+        return sm.loss_from_s_d(sol.ys["S"][:, 0], sol.ys["D"][:, 0], data)
+
+    return loss
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["checkpoint", "backsolve", "interpolating", "quadrature"]
+)
+def test_reference_model_gradient_matches_diffrax(reference20, seed_metapop, name):
+    """The reference at 20 patches with its MLP: epifit's gradients w.r.t. the flat
+    parameter vector against diffrax's (Tsit5 at tight tolerance restarted on each
+    half day, where the day index is constant, with the reference's own vector
+    field)."""
+    P, model, cov, init, _ = reference20
+    sm = seed_metapop
+    data = jnp.asarray(P["data"])
+    mob, cpl = jnp.asarray(P["mobility"]), jnp.asarray(P["coupling"])
+
+    def diffrax_loss(p):
+        # The day index is constant on each half-day [j/2, (j+1)/2]: restart
+        # diffrax on each (as the reference's own numpy_solve does), passing
+        # t = day to the reference vector field, which reads its day from t.
+        def segment(y, j):
+            day = jnp.floor(j * 0.5 + 0.5)
+
+            def f(t, y, args):
+                with jax.numpy_rank_promotion("allow"):
+                    return sm.SEIRD_mobility_coupled(y, day, args, mob, cpl)
+
+            sol = diffrax.diffeqsolve(
+                diffrax.ODETerm(f),
+                diffrax.Tsit5(),
+                j * 0.5,
+                j * 0.5 + 0.5,
+                None,
+                y,
+                args=p,
+                stepsize_controller=diffrax.PIDController(rtol=1e-11, atol=1e-13),
+                max_steps=10_000,
+            )
+            y1 = sol.ys[-1]
+            return y1, y1
+
+        u0 = jnp.asarray(P["u0"])
+        _, ys = jax.lax.scan(segment, u0, jnp.arange(58.0))
+        sol = jnp.concatenate([u0[None], ys[1::2]])
+        return sm.loss_from_solution(sol, data)
+
+    p0 = jnp.asarray(P["p_init"])
+    g_ref = jax.jit(jax.grad(diffrax_loss))(p0)
+    loss = _reference_loss(model, cov, init, data, sm, ADJOINTS[name])
+    g = jax.jit(jax.grad(loss))(p0)
+    assert _rel(g, g_ref) < 1e-5
+
+
+@pytest.mark.slow
+def test_reference_model_directional_derivatives(reference20, seed_metapop):
+    """Directional finite differences along random directions, all adjoints."""
+    P, model, cov, init, _ = reference20
+    data = jnp.asarray(P["data"])
+    p0 = jnp.asarray(P["p_init"])
+    rng = np.random.default_rng(0)
+    dirs = rng.normal(size=(3, p0.size))
+    base = jax.jit(_reference_loss(model, cov, init, data, seed_metapop, None))
+    for name in ("checkpoint", "backsolve", "interpolating", "quadrature"):
+        loss = _reference_loss(model, cov, init, data, seed_metapop, ADJOINTS[name])
+        g = np.asarray(jax.jit(jax.grad(loss))(p0))
+        for d in dirs:
+            eps = 1e-6
+            fd = (float(base(p0 + eps * d)) - float(base(p0 - eps * d))) / (2 * eps)
+            assert abs(g @ d - fd) <= 1e-5 * abs(fd), name
+
+
+def test_covariates_get_no_cotangent(reference20, seed_metapop):
+    """No array the size of the coupling cube is formed in the gradient, other
+    than the cube itself: covariates are data."""
+    P, model, cov, init, _ = reference20
+    data = jnp.asarray(P["data"])
+
+    def loss(p_flat, cov):
+        return _reference_loss(model, cov, init, data, seed_metapop, None)(p_flat)
+
+    jaxpr = jax.make_jaxpr(jax.grad(loss))(jnp.asarray(P["p_init"]), cov)
+    cube = cov["coupling"].shape
+
+    def shapes(jp):
+        for eqn in jp.eqns:
+            for v in eqn.outvars:
+                yield tuple(getattr(v.aval, "shape", ()))
+            for sub in jax.core.jaxprs_in_params(eqn.params):
+                yield from shapes(sub)
+
+    assert cube not in set(shapes(jaxpr.jaxpr))
