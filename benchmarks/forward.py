@@ -55,6 +55,9 @@ def epifit_loss(sm, P, fdt, n, rtol, atol, adjoint=None):
         em.load_model(h.ROOT / "models" / "seird_metapop_mobility.toml")
     )
     cov = {k: jnp.asarray(v, fdt) for k, v in reference_covariates(P).items()}
+    # epifit stores mobility matrices by rows when they are sparse (as Problem
+    # does when it binds a dataset): data preparation, like the day-major layout.
+    cov["coupling"] = em.sparse_coupling(np.asarray(cov["coupling"]))
     init = {k: jnp.asarray(v, fdt) for k, v in reference_initial_data(P["u0"]).items()}
     days = P["t_days"].size
     ts = np.arange(days, dtype=np.float64)

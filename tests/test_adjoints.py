@@ -272,7 +272,11 @@ def test_boxcar_seird_gradients_agree():
     fd = _fd(jax.jit(lambda v: loss(unravel(v), CheckpointAdjoint())), flat)
     for name in ("checkpoint", "backsolve", "interpolating", "quadrature", "forward"):
         g = jax.jit(jax.grad(lambda f, a=ADJOINTS[name]: loss(f, a)))(free)
-        assert _rel(g, fd) < GRAD_RTOL, name
+        # Backsolving the box-car chains backwards amplifies the local errors by
+        # up to exp(1.5/day * 3 days) ~ 90 per 3-day segment (the chains decay
+        # forwards, so they grow backwards): its tolerance is 100x looser.
+        tol = 100 * GRAD_RTOL if name == "backsolve" else GRAD_RTOL
+        assert _rel(g, fd) < tol, name
 
 
 # --------------------------------------------------- the reference model at 20 patches

@@ -19,7 +19,14 @@ from epifit.data import (
     open_dataset,
     validate_dataset,
 )
-from epifit.model import CompiledModel, ModelSpec, compile_model, load_model
+from epifit.model import (
+    CompiledModel,
+    ModelSpec,
+    SparseCoupling,
+    compile_model,
+    load_model,
+    sparse_coupling,
+)
 from epifit.ode import PIDController, Solution, Tsit5, solve
 
 
@@ -152,7 +159,15 @@ class Problem:
             start = ds[TIME].values[0]
             self.dates = start + np.arange(n).astype("timedelta64[D]")
         dt = self.dtype
-        self.covariates = {k: jnp.asarray(v, dt) for k, v in bound.covariates.items()}
+        self.covariates = {}
+        for k, v in bound.covariates.items():
+            if covariates[k][-1:] == ("patch_to",):
+                # mobility matrices are sparse: store them by rows (see SparseCoupling)
+                self.covariates[k] = sparse_coupling(v.astype(dt))
+                if not isinstance(self.covariates[k], SparseCoupling):
+                    self.covariates[k] = jnp.asarray(v, dt)
+            else:
+                self.covariates[k] = jnp.asarray(v, dt)
         self.initial_data = {}
         for name in initial_vars:
             da = ds[name]

@@ -4,6 +4,8 @@ See `docs/models.md` for the TOML format.
 """
 
 from epifit.model._builders import ModelBuilder as ModelBuilder
+from epifit.model._coupling import SparseCoupling as SparseCoupling
+from epifit.model._coupling import sparse_coupling as sparse_coupling
 from epifit.model._errors import ModelSpecError as ModelSpecError
 from epifit.model._expression import Expression as Expression
 from epifit.model._expression import parse_expression as parse_expression

@@ -14,7 +14,7 @@ import numpy as np
 from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 
 from epifit._custom_types import Args, Params, Y
-from epifit.model._coupling import coupled_mass
+from epifit.model._coupling import SparseCoupling, coupled_mass
 from epifit.model._errors import ModelSpecError
 from epifit.model._neural import make_mlp, neural_rates
 from epifit.model._observation import predict
@@ -218,7 +218,11 @@ class CompiledModel(eqx.Module):
                     loc,
                     f"no covariate {c.name!r} given; found: {_join(covariates)}",
                 )
-            a = jnp.asarray(covariates[c.name])
+            a = covariates[c.name]
+            if not isinstance(a, SparseCoupling):
+                a = jnp.asarray(a)
+            elif c.dims[-1] != "patch_to":
+                raise self._fail(loc, "a sparse matrix is only a coupling covariate")
             if a.ndim != len(c.dims):
                 raise self._fail(
                     loc,
@@ -302,7 +306,12 @@ class CompiledModel(eqx.Module):
         for inf in self.plan.infections:
             c = inf.coupling
             if c is not None:
-                (per_day if c.time_varying else args)[c.matrix] = arrays[c.covariate]
+                m = arrays[c.covariate]
+                if isinstance(m, SparseCoupling):
+                    # the columns hold on every day; only the weights vary
+                    args[c.matrix + ".columns"] = m.columns
+                    m = m.values
+                (per_day if c.time_varying else args)[c.matrix] = m
         if not per_day:
             return args, None
         times = np.arange(n_days, dtype=np.float64)
@@ -400,7 +409,7 @@ class CompiledModel(eqx.Module):
         else:
             coupled = coupled_mass(
                 i,
-                get(c.matrix),
+                _matrix(get(c.matrix), _optional(get, c.matrix + ".columns")),
                 None if c.scale is None else get(c.scale),
                 symmetrize=c.symmetrize,
                 multiplier=c.multiplier,
@@ -507,6 +516,18 @@ class CompiledModel(eqx.Module):
                 series = _rows(obs.scale.evaluate(env)) * series
             out[obs.name] = series
         return out
+
+
+def _optional(get, key: str):
+    try:
+        return get(key)
+    except KeyError:
+        return None
+
+
+def _matrix(m: Array, columns: Array | None):
+    """A coupling matrix: dense, or one day's sparse rows with their columns."""
+    return m if columns is None else SparseCoupling(m, columns)
 
 
 def _total(terms: list[Array]) -> Array | None:

@@ -21,9 +21,10 @@ class CheckpointAdjoint(AbstractAdjoint):
     walks the segments in reverse; for each it replays the accepted steps from
     the segment's start state, keeping at most `buffer` step states in memory,
     and back-propagates through them one step at a time (a VJP of one
-    Runge-Kutta step). The accepted step sizes are treated as constants, as is
-    standard for discrete adjoints: the result is the exact derivative of the
-    computed solution on its mesh.
+    Runge-Kutta step: for explicit methods the discrete adjoint recursion over
+    the stage states kept by the replay). The accepted step sizes are treated
+    as constants, as is standard for discrete adjoints: the result is the exact
+    derivative of the computed solution on its mesh.
 
     **Memory**: `O(n_segments * |y|)` for the boundary states, plus
     `O(buffer * |y|)` in the backward pass, plus `O(n_segments * max_steps)`
@@ -59,58 +60,56 @@ class CheckpointAdjoint(AbstractAdjoint):
         def t_of(i):
             return jnp.where(i == 0, a, times_k[jnp.maximum(i - 1, 0)])
 
-        def fwd_step(i, y):
-            if isinstance(solver, AbstractERK):
-                return solver.loop_step(
-                    lambda t, y_, th: ctx.vf(t, y_, th[0], th[1], u_l),
-                    t_of(i),
-                    times_k[i],
-                    y,
-                    (a_p, up),
-                )
-            return step(y, a_p, up, t_of(i), times_k[i])
+        erk = isinstance(solver, AbstractERK)
 
+        def f(t, y, th):
+            return ctx.vf(t, y, th[0], th[1], u_l)
+
+        def fwd_step(i, y):
+            """The state after step `i`, and what its pull-back needs: the stage
+            states of a Runge-Kutta step, else the state before it."""
+            if erk:
+                return solver.loop_step(f, t_of(i), times_k[i], y, (a_p, up))
+            return step(y, a_p, up, t_of(i), times_k[i]), y
+
+        def pull_back(i, kept, adj_y):
+            t0, t1 = t_of(i), times_k[i]
+            if erk:
+                dy, (dap, dup) = solver.step_vjp(
+                    f, t0, t1, None, (a_p, up), adj_y, stage_states=kept
+                )
+                return dy, dap, dup
+            _, vjp = jax.vjp(lambda y, ap, up_: step(y, ap, up_, t0, t1), kept, a_p, up)
+            return vjp(adj_y)
+
+        _, kept0 = jax.eval_shape(fwd_step, 0, y_a)
         n_chunks = (n + B - 1) // B
 
         def chunk(carry):
             c, adj_y, g_a, g_u = carry
             start = c * B
             m = jnp.minimum(B, n - start)
-            buf = jtu.tree_map(lambda x: jnp.zeros((B, *x.shape), x.dtype), y_a)
+            buf = jtu.tree_map(lambda x: jnp.zeros((B, *x.shape), x.dtype), kept0)
 
-            # One replay loop from the segment start: the states of this chunk's
-            # steps are kept (one copy of the step in the compiled program).
+            # One replay loop from the segment start; what this chunk's steps
+            # need for their pull-backs is kept (one copy of the step compiled).
             def replay(i, st):
                 y, buf = st
+                y1, kept = fwd_step(i, y)
                 j = jnp.clip(i - start, 0, B - 1)
                 keep = i >= start
                 buf = jtu.tree_map(
-                    lambda b_, x: b_.at[j].set(jnp.where(keep, x, b_[j])), buf, y
+                    lambda b_, x: b_.at[j].set(jnp.where(keep, x, b_[j])), buf, kept
                 )
-                return fwd_step(i, y), buf
+                return y1, buf
 
             _, buf = lax.fori_loop(0, start + m, replay, (y_a, buf))
 
             def back(jj, st):
                 adj_y, g_a, g_u = st
                 j = m - 1 - jj
-                i = start + j
-                y_j = jtu.tree_map(lambda b_: b_[j], buf)
-                t0, t1 = t_of(i), times_k[i]
-                if isinstance(solver, AbstractERK):
-                    dy, (dap, dup) = solver.step_vjp(
-                        lambda t, y, th: ctx.vf(t, y, th[0], th[1], u_l),
-                        t0,
-                        t1,
-                        y_j,
-                        (a_p, up),
-                        adj_y,
-                    )
-                else:
-                    _, vjp = jax.vjp(
-                        lambda y, ap, up_: step(y, ap, up_, t0, t1), y_j, a_p, up
-                    )
-                    dy, dap, dup = vjp(adj_y)
+                kept = jtu.tree_map(lambda b_: b_[j], buf)
+                dy, dap, dup = pull_back(start + j, kept, adj_y)
                 g_a = [g + d for g, d in zip(g_a, dap, strict=True)]
                 g_u = [g + d for g, d in zip(g_u, dup, strict=True)]
                 return dy, g_a, g_u

@@ -94,19 +94,22 @@ class AbstractERK(AbstractSolver):
         new_state = ks[-1] if tab.fsal else None
         return y1, y_error, new_state, n_evals
 
-    def _stages(self, f, t0, t1, y0, theta):
-        """The stage states `Y_i` of one step, computed in a run-time loop."""
+    def _coefficients(self, t0, t1, dtype):
+        """The stages that influence `y1`, as arrays: `(s, A, b, c, h)`."""
         tab = self.tableau
         s = tab.n_stages - 1 if tab.fsal else tab.n_stages
         a = np.zeros((s, s))
         for i, row in enumerate(tab.a[: s - 1]):
             a[i + 1, : len(row)] = row
-        dtype = y0.dtype
         A = jnp.asarray(a, dtype)
         b = jnp.asarray(tab.b[:s], dtype)
         c = jnp.asarray((0.0, *tab.c[: s - 1]), dtype)
-        h = (t1 - t0).astype(dtype)
-        zeros = jnp.zeros((s, *y0.shape), dtype)
+        return s, A, b, c, (t1 - t0).astype(dtype)
+
+    def _stages(self, f, t0, t1, y0, theta):
+        """The stage states `Y_i` of one step, computed in a run-time loop."""
+        s, A, b, c, h = self._coefficients(t0, t1, y0.dtype)
+        zeros = jnp.zeros((s, *y0.shape), y0.dtype)
 
         def stage(i, st):
             K, Ys = st
@@ -119,11 +122,15 @@ class AbstractERK(AbstractSolver):
 
     def loop_step(self, f, t0, t1, y0, theta):
         """One step on a flat state with the stages in a run-time loop (used by
-        the discrete adjoint's replay: one vector-field copy when compiled)."""
-        _, _, b, _, h, (_, K) = self._stages(f, t0, t1, y0, theta)
-        return y0 + h * jnp.tensordot(b, K, axes=1)
+        the discrete adjoint's replay: one vector-field copy when compiled).
 
-    def step_vjp(self, f, t0, t1, y0, theta, ct):
+        Returns:
+            `(y1, stage_states)`; the stage states feed [`step_vjp`][].
+        """
+        _, _, b, _, h, (Ys, K) = self._stages(f, t0, t1, y0, theta)
+        return y0 + h * jnp.tensordot(b, K, axes=1), Ys
+
+    def step_vjp(self, f, t0, t1, y0, theta, ct, stage_states=None):
         """The VJP of one step on a flat state, by the discrete adjoint recursion.
 
         `f(t, y, theta)` is the vector field with its differentiated arguments
@@ -138,11 +145,17 @@ class AbstractERK(AbstractSolver):
         grows with every fused kernel. The last stage of a first-same-as-last
         method does not influence `y1` and is skipped.
 
+        `stage_states` (from [`loop_step`][]) saves recomputing the stages.
+
         Returns:
             `(ct_y0, ct_theta)`.
         """
-        s, A, b, c, h, (Ys, _) = self._stages(f, t0, t1, y0, theta)
-        zeros = jnp.zeros((s, *y0.shape), y0.dtype)
+        if stage_states is None:
+            s, A, b, c, h, (Ys, _) = self._stages(f, t0, t1, y0, theta)
+        else:
+            Ys = stage_states
+            s, A, b, c, h = self._coefficients(t0, t1, ct.dtype)
+        zeros = jnp.zeros((s, *ct.shape), ct.dtype)
 
         def back(k, st):
             nu, g = st
