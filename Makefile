@@ -17,6 +17,9 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m epifit.demo --out out
 
+# Two workers: the suite is dominated by XLA compilation, one core each.
+PYTEST_ARGS ?= -n 2 --dist loadfile
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
@@ -30,7 +33,11 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'
-	$(BIN)/python benchmarks/forward.py --json out/bench_forward.json
+	$(BIN)/python benchmarks/forward.py --dtype float32 --json out/bench_forward.json
+	$(BIN)/python benchmarks/gradient.py --dtype float32 --json out/bench_gradient.json
+	$(BIN)/python benchmarks/calibrate.py --json out/bench_calibrate.json
+	if [ -f benchmarks/forecast.py ]; then \
+	  $(BIN)/python benchmarks/forecast.py --json out/bench_forecast.json; fi
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

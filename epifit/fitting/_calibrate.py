@@ -9,14 +9,15 @@ import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from epifit._jit import jit
 from epifit.fitting._audit import default_adjoints
 from epifit.fitting._checkpoint import (
     CheckpointError,
@@ -49,12 +50,14 @@ from epifit.fitting._parameters import (
     FreeParameters,
     apply_overrides,
     constrained_dict,
+    free_entries,
     leaf_labels,
+    starting_params,
 )
 from epifit.fitting._problem import Problem
 from epifit.fitting._progress import ProgressBar, progress_enabled
 from epifit.fitting._result import FitResult, library_versions
-from epifit.fitting._simulate import load_params, trajectory_dataset
+from epifit.fitting._simulate import trajectory_dataset
 from epifit.fitting._uncertainty import laplace, parameter_table
 from epifit.ode import AbstractAdjoint, AbstractSolver
 
@@ -69,6 +72,9 @@ _SOLVERS = {
 }
 # few enough free parameters for a forward-sensitivity Jacobian per iteration
 LM_MAX_PARAMETERS = 20
+# above this many free parameters `uncertainty="auto"` skips the Laplace
+# approximation (a Jacobian or Hessian with one direction per parameter)
+LAPLACE_AUTO_MAX = 300
 
 
 def default_phases(objective: FitObjective) -> tuple[PhaseConfig, ...]:
@@ -238,15 +244,7 @@ def calibrate(
     problem = apply_overrides(problem, config)
 
     # -- starting point and objective --
-    if isinstance(init, FitResult):
-        init = init.params
-    params = problem.init_params() if init is None else init
-    if values is not None:
-        overrides = load_params(problem, values)
-        constrained = problem.model.constrain(overrides)
-        given = values if isinstance(values, Mapping) else None
-        keys = set(given) if given is not None else set(constrained)
-        params = {**params, **{k: overrides[k] for k in keys if k in overrides}}
+    params = starting_params(problem, init, values)
     free = FreeParameters(problem, params, config)
     if free.n == 0:
         raise FitConfigError(
@@ -336,12 +334,7 @@ def calibrate(
     resumed = None
     if resume and checkpoint.exists():
         remove_stale(checkpoint)
-        try:
-            p = checkpoint_phase(checkpoint)
-        except (OSError, ValueError, KeyError) as e:
-            raise CheckpointError(
-                f"Cannot read checkpoint {checkpoint}: {e}. Delete it to start afresh."
-            ) from e
+        p = checkpoint_phase(checkpoint)
         if p >= len(phases):
             raise CheckpointError(
                 f"Checkpoint {checkpoint} is for phase {p + 1}, but this fit has "
@@ -380,30 +373,60 @@ def calibrate(
     if out["stop_reason"] is not None:
         message = out["stop_reason"]
     elif final == NONFINITE:
+        died = statuses.index(NONFINITE)
         message = (
             f"stopped: the loss or its gradient stayed non-finite for "
-            f"{options.max_retreats} retreats in a row (phase "
-            f"{len(statuses)}: {phases[len(statuses) - 1].method}); returning the "
-            "last good state"
+            f"{options.max_retreats} retreats in a row (phase {died + 1}: "
+            f"{phases[died].method}); returning the last good state"
         )
         warnings.warn(message, RuntimeWarning, stacklevel=2)
     elif final in (GRADIENT, LOSS):
-        message = f"converged: {STATUS[final]}"
+        message = STATUS[final]
     else:
         message = "stopped: iteration limit of the last phase reached"
     hist = record["history"]
 
     # -- results --
     fitted = free.params(x_best, data["rest"])
-    sol = jit(lambda x, d: objective.predictions(x, d, throw=True)[1])(x_best, data)
-    trajectories = trajectory_dataset(problem, fitted, sol)
     method = config.uncertainty or "auto"
+    skipped = ""
+    if method == "auto":
+        method = "gauss_newton" if objective.least_squares else "hessian"
+        if free.n > LAPLACE_AUTO_MAX:
+            method = "none"
+            skipped = (
+                f"uncertainty skipped: {free.n} free parameters (more than "
+                f"{LAPLACE_AUTO_MAX}); pass uncertainty='gauss_newton' or 'hessian' "
+                "to compute it"
+            )
     level_ = config.level or 0.95
+    # one batched call at the best point, of the executable the optimiser used
+    xb = jnp.broadcast_to(x_best, xs.shape)
+    jac = None
+    if method == "gauss_newton":
+        r, J, ys, stats, result = objective.compiled("jacobian_and_solution")(xb, data)
+        jac = (r[0], J[0])
+    else:
+        ys, stats, result = objective.compiled("solution")(xb, data)
+    if int(result[0]) != 0:
+        raise RuntimeError(
+            "The solve at the fitted parameters failed (result code "
+            f"{int(result[0])}); try tighter solver tolerances or more max_steps."
+        )
+    first = lambda a: np.asarray(a)[0]  # noqa: E731
+    sol = SimpleNamespace(ys=jax.tree.map(first, ys), stats=jax.tree.map(first, stats))
+    trajectories = trajectory_dataset(problem, fitted, sol)
     cov = None
-    unc: dict[str, Any] = {"method": "none", "level": level_}
+    unc: dict[str, Any] = {"method": "none", "level": level_, "message": skipped}
     if method != "none":
         lap = laplace(
-            objective, x_best, data, method=method, noise=config.noise or "auto"
+            objective,
+            x_best,
+            data,
+            method=method,
+            noise=config.noise or "auto",
+            jacobian=jac,
+            loss=float(f_all[best]),
         )
         cov = lap.covariance
         unc = {
@@ -415,7 +438,7 @@ def calibrate(
     table = parameter_table(objective, x_best, data, cov, level=level_)
     arrays, _ = eqx.partition(fitted, eqx.is_inexact_array)
     coefficients = np.asarray(ravel_pytree(arrays)[0])
-    free_flags = _free_flags(fitted, problem.model.free_mask(fitted))
+    free_flags = free_entries(fitted, problem.model.free_mask(fitted))
     per_patch = {p.name for p in problem.spec.parameters if p.per_patch}
     coef_labels, _ = leaf_labels(arrays, problem.patches, per_patch)
     model_path = problem.model_path
@@ -458,19 +481,6 @@ def calibrate(
         hashes=problem.hashes(),
         versions=library_versions(),
     )
-
-
-def _free_flags(params, mask) -> np.ndarray:
-    """A bool per array element of `params`: is it free?"""
-    arrays, _ = eqx.partition(params, eqx.is_inexact_array)
-    flags = jax.tree.map(
-        lambda a, m: None if a is None else np.full(np.shape(a), bool(m)),
-        arrays,
-        mask,
-        is_leaf=lambda v: v is None,
-    )
-    leaves = [np.ravel(f) for f in jax.tree.leaves(flags)]
-    return np.concatenate(leaves) if leaves else np.zeros((0,), bool)
 
 
 def _not_least_squares(objective: FitObjective) -> str:

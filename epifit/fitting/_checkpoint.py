@@ -19,6 +19,7 @@ import io
 import json
 import os
 import uuid
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,7 +165,7 @@ def load_checkpoint(path: str | os.PathLike, template, key: str) -> dict:
         with np.load(path, allow_pickle=False) as z:
             data = {k: z[k] for k in z.files}
         meta = json.loads(str(data["meta"]))
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise CheckpointError(
             f"Cannot read checkpoint {path}: {e}. Delete it to start afresh."
         ) from e
@@ -212,5 +213,10 @@ def load_checkpoint(path: str | os.PathLike, template, key: str) -> dict:
 
 def checkpoint_phase(path: str | os.PathLike) -> int:
     """The phase a checkpoint was written in (to build its template)."""
-    with np.load(Path(path), allow_pickle=False) as z:
-        return int(json.loads(str(z["meta"]))["phase"])
+    try:
+        with np.load(Path(path), allow_pickle=False) as z:
+            return int(json.loads(str(z["meta"]))["phase"])
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
+        raise CheckpointError(
+            f"Cannot read checkpoint {path}: {e}. Delete it to start afresh."
+        ) from e

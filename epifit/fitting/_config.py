@@ -261,18 +261,18 @@ def parse_fit_config(data: Mapping[str, Any], *, file: str = "fit") -> FitConfig
 
 
 def parse_phases(
-    value: str | Mapping[str, Any] | Sequence[Any], *, file: str = "optimizer"
+    value: str | Mapping[str, Any] | Sequence[Any], *, file: str = "calibrate"
 ) -> tuple[PhaseConfig, ...]:
     """Phases from the Python API: a method name (`"lbfgs"`), one phase as a
     dict, or a list of names/dicts (`[{"method": "adam", ...}, "lbfgs"]`)."""
     r = _Reader(file)
     if isinstance(value, str | Mapping):
         value = [value]
-    return _phases(r, value, None)
+    return _phases(r, value, "optimizer")
 
 
-def _phases(r: _Reader, value: Any, location: str | None) -> tuple[PhaseConfig, ...]:
-    items = r.array(value, location or "phases")
+def _phases(r: _Reader, value: Any, location: str) -> tuple[PhaseConfig, ...]:
+    items = r.array(value, location)
     return tuple(
         _phase(r, {"method": item} if isinstance(item, str) else item, at(location, j))
         for j, item in enumerate(items)

@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from epifit._jit import jit
 from epifit.fitting._objective import aligned, observation_model
 from epifit.fitting._parameters import FreeParameters
 from epifit.fitting._problem import Problem
@@ -87,7 +88,7 @@ class FitObjective:
         sol = self.problem.solve(
             params, arrays=data["arrays"], throw=throw, **self.solve_options
         )
-        return params, sol, self.problem.predict(params, sol.ys)
+        return params, sol, self.problem.predict(params, sol.ys, data["arrays"])
 
     # -- loss ---------------------------------------------------------------------
     def data_loss(self, x, data):
@@ -118,8 +119,7 @@ class FitObjective:
         return jax.value_and_grad(self.loss)(x, data)
 
     # -- least squares --------------------------------------------------------------
-    def data_residuals(self, x, data):
-        """`sqrt(weight) * (predicted - observed)` at every point, 0 where masked."""
+    def _check_gaussian(self) -> None:
         if not self.gaussian_data:
             bad = {k: f for k, f in self.families.items() if f != "gaussian"}
             raise NotImplementedError(
@@ -128,41 +128,78 @@ class FitObjective:
                 + ". Use the lbfgs or adam optimisers (and uncertainty method "
                 "'hessian')."
             )
-        _, _, pred = self.predictions(x, data)
+
+    def _data_residuals(self, pred, data):
         arrays = data["arrays"]
         parts = []
         for o in self.observations:
             p, y, m = aligned(
                 pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
             )
-            m = m & ~jnp.isnan(y)
+            m = m & jnp.isfinite(y)
             r = jnp.sqrt(jnp.asarray(o.weight, p.dtype)) * (p - jnp.where(m, y, p))
             parts.append(jnp.ravel(jnp.where(m, r, 0.0)))
         return jnp.concatenate(parts)
 
-    def residuals(self, x, data):
-        """All residuals: `loss(x) == sum(residuals(x) ** 2)` for least squares."""
-        return jnp.concatenate(
-            [self.data_residuals(x, data), self.free.penalty_residuals(x, data["rest"])]
+    @property
+    def n_data_rows(self) -> int:
+        """The length of the data residual vector (masked points included)."""
+        n_t = self.problem.ts.size
+        return sum(
+            (n_t - 1 if o.kind == "incidence" else n_t) * self.problem.n_patches
+            for o in self.observations
         )
+
+    def data_residuals(self, x, data):
+        """`sqrt(weight) * (predicted - observed)` at every point, 0 where masked."""
+        self._check_gaussian()
+        _, _, pred = self.predictions(x, data)
+        return self._data_residuals(pred, data)
+
+    def residuals(self, x, data):
+        """All residuals: `loss(x) == sum(residuals(x) ** 2)` for least squares;
+        the first `n_data_rows` are the data's, the rest the priors'/penalties'."""
+        self._check_gaussian()
+        _, _, pred = self.predictions(x, data)
+        return jnp.concatenate(
+            [
+                self._data_residuals(pred, data),
+                self.free.penalty_residuals(x, data["rest"]),
+            ]
+        )
+
+    def jacobian_and_solution(self, x, data):
+        """`(r, dr/dx, ys, stats, result)`: residuals, their Jacobian (forward
+        sensitivities) and the solve they came from."""
+        self._check_gaussian()
+
+        def fn(x):
+            _, sol, pred = self.predictions(x, data)
+            r = jnp.concatenate(
+                [
+                    self._data_residuals(pred, data),
+                    self.free.penalty_residuals(x, data["rest"]),
+                ]
+            )
+            return r, (r, sol.ys, sol.stats, sol.result)
+
+        J, (r, ys, stats, result) = jacobian(fn, has_aux=True)(x)
+        return r, J, ys, stats, result
 
     def residuals_and_jacobian(self, x, data):
         """`(r, dr/dx)` with forward-mode sensitivities of the solve."""
-
-        def fn(x):
-            r = self.residuals(x, data)
-            return r, r
-
-        J, r = jacobian(fn, has_aux=True)(x)
+        r, J, *_ = self.jacobian_and_solution(x, data)
         return r, J
 
-    def split_jacobian(self, x, data):
-        """`(r_data, J_data, r_penalty, J_penalty)` for the Laplace approximation."""
+    def solution(self, x, data):
+        """`(ys, stats, result)` of the solve at `x` (no derivatives)."""
+        _, sol, _ = self.predictions(x, data)
+        return sol.ys, sol.stats, sol.result
 
-        def fn(x):
-            rd = self.data_residuals(x, data)
-            rp = self.free.penalty_residuals(x, data["rest"])
-            return (rd, rp), (rd, rp)
-
-        (Jd, Jp), (rd, rp) = jacobian(fn, has_aux=True)(x)
-        return rd, Jd, rp, Jp
+    # -- compiled, batched over starts ---------------------------------------------
+    def compiled(self, name: str):
+        """`jit(vmap(method))` over a batch of `x`, compiled once per objective."""
+        cache = self.__dict__.setdefault("_compiled", {})
+        if name not in cache:
+            cache[name] = jit(jax.vmap(getattr(self, name), in_axes=(0, None)))
+        return cache[name]

@@ -29,6 +29,7 @@ import optax
 from epifit.fitting._config import PhaseConfig
 
 __all__ = [
+    "AbstractLeastSquaresMethod",
     "AbstractMethod",
     "FirstOrder",
     "LBFGS",
@@ -63,10 +64,19 @@ class AbstractMethod(eqx.Module):
         """The state to continue from after a rejected (non-finite) step."""
         return old_state
 
-    @property
-    def needs_evaluation(self) -> bool:
-        """Whether `init` evaluates the objective (it is compiled on its own)."""
-        return False
+
+class AbstractLeastSquaresMethod(AbstractMethod):
+    """Marks methods for `loss = sum(r(x) ** 2)` that start from the residuals
+    and their Jacobian (computed by the driver, shared with the Laplace
+    approximation)."""
+
+    @abc.abstractmethod
+    def init_from_jacobian(self, x, r, J) -> tuple[Any, Any, Any]:
+        """`(state, f, g)` from residuals `r` and Jacobian `J` at `x`."""
+
+    def init(self, x, f, g, fun, data):
+        r, J = fun.residuals_and_jacobian(x, data)
+        return self.init_from_jacobian(x, r, J)
 
 
 class FirstOrder(AbstractMethod):
@@ -77,9 +87,13 @@ class FirstOrder(AbstractMethod):
     def init(self, x, f, g, fun, data):
         return self.transform.init(x), f, g
 
-    def step(self, x, f, g, state, scale, fun, data):
-        u, state = self.transform.update(g, state, x)
-        x_new = x + scale * u
+    def step(self, x, f, g, state, scale, fun, data, fresh=False):
+        """One step; with `fresh` (the phase's first evaluation) no step is
+        taken: the loss and gradient at `x` come back (one call site of the
+        gradient in the compiled loop either way)."""
+        u, new = self.transform.update(g, state, x)
+        x_new = jnp.where(fresh, x, x + scale * u)
+        state = jax.tree.map(lambda a, b: jnp.where(fresh, a, b), state, new)
         f_new, g_new = fun.value_and_grad(x_new, data)
         nonfinite = ~_finite(f_new, g_new)
         return x_new, f_new, g_new, state, StepInfo(nonfinite, jnp.asarray(False))
@@ -112,11 +126,14 @@ class LBFGS(AbstractMethod):
         x_new = x + u
         f_new = optax.tree_utils.tree_get(new, "value")
         g_new = optax.tree_utils.tree_get(new, "grad")
-        nonfinite = ~_finite(f_new, g_new)
-        # A line search that found no decrease returns a zero step: restart the
-        # memory (the next direction is the scaled gradient) instead of
-        # repeating it.
+        # A line search that found no decrease returns a zero step. If it met
+        # only non-finite values (its decrease error is infinite) that is a
+        # failed step to retreat from; otherwise the loss cannot decrease
+        # along this direction: restart the memory (the next direction is the
+        # scaled gradient) rather than repeat it.
         no_step = jnp.all(u == 0)
+        info = optax.tree_utils.tree_get(new, "info")
+        nonfinite = ~_finite(f_new, g_new) | (no_step & jnp.isinf(info.decrease_error))
         fresh = tx.init(x)
         new = jax.tree.map(lambda a, b: jnp.where(no_step, a, b), fresh, new)
         f_new = jnp.where(no_step, f, f_new)
@@ -134,7 +151,7 @@ class LMState(NamedTuple):
     damping: jax.Array
 
 
-class LevenbergMarquardt(AbstractMethod):
+class LevenbergMarquardt(AbstractLeastSquaresMethod):
     """Levenberg-Marquardt on `loss = sum(r(x) ** 2)` with Marquardt's diagonal
     scaling: solve `(JᵀJ + λ diag(JᵀJ)) δ = -Jᵀr`; accept if the loss
     decreases (then `λ /= decrease`), else `λ *= increase`. With
@@ -146,12 +163,7 @@ class LevenbergMarquardt(AbstractMethod):
     min_damping: float = eqx.field(static=True, default=1e-6)
     max_damping: float = eqx.field(static=True, default=1e16)
 
-    @property
-    def needs_evaluation(self) -> bool:
-        return True
-
-    def init(self, x, f, g, fun, data):
-        r, J = fun.residuals_and_jacobian(x, data)
+    def init_from_jacobian(self, x, r, J):
         f = jnp.sum(jnp.square(r))
         g = 2.0 * J.T @ r
         return LMState(r, J, jnp.asarray(self.damping, x.dtype)), f, g

@@ -29,7 +29,12 @@ import numpy as np
 
 from epifit._jit import jit
 from epifit.fitting._config import PhaseConfig
-from epifit.fitting._methods import AbstractMethod, make_method
+from epifit.fitting._methods import (
+    AbstractLeastSquaresMethod,
+    AbstractMethod,
+    FirstOrder,
+    make_method,
+)
 
 __all__ = ["Carry", "OptimizeOptions", "Optimizer", "STATUS"]
 
@@ -55,6 +60,7 @@ class Carry(eqx.Module):
     n_flat: jax.Array  # consecutive iterations with a small loss change
     iteration: jax.Array  # iterations done in this phase
     status: jax.Array
+    fresh: jax.Array  # (first-order methods) not evaluated yet: evaluate, no step
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,28 +115,24 @@ class Optimizer:
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
         self._chunks: dict[int, Callable] = {}
-        self._inits: dict[int, Callable] = {}
-        self._evaluate = None
 
     # -- compiled pieces --------------------------------------------------------------
     def evaluate(self, xs, data):
         """Loss and gradient at every start `(start, n)`."""
-        if self._evaluate is None:
-            self._evaluate = jit(jax.vmap(self.fun.value_and_grad, in_axes=(0, None)))
-        return self._evaluate(xs, data)
+        return self.fun.compiled("value_and_grad")(xs, data)
 
-    def _init_fn(self, p: int):
-        if p not in self._inits:
-            method = self.methods[p]
-            fun = self.fun
-
-            def init(x, f, g, data):
-                state, f, g = method.init(x, f, g, fun, data)
-                return state, f, g
-
-            fn = jax.vmap(init, in_axes=(0, 0, 0, None))
-            self._inits[p] = jit(fn) if method.needs_evaluation else jax.jit(fn)
-        return self._inits[p]
+    def _init(self, p: int, x, f, g, data, *, abstract: bool = False):
+        """`(state, f, g)` of phase `p` at every start (`abstract`: traced
+        under `eval_shape`, without compiled calls)."""
+        method = self.methods[p]
+        if abstract:
+            fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
+            return jax.vmap(fn)(x, f, g)
+        if isinstance(method, AbstractLeastSquaresMethod):
+            r, J, *_ = self.fun.compiled("jacobian_and_solution")(x, data)
+            return jax.jit(jax.vmap(method.init_from_jacobian))(x, r, J)
+        fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
+        return jax.jit(jax.vmap(fn))(x, f, g)
 
     def _chunk_fn(self, p: int):
         if p in self._chunks:
@@ -140,10 +142,14 @@ class Optimizer:
         gtol, ftol, patience = _phase_settings(self.phases[p], self.options)
         max_retreats = self.options.max_retreats
 
+        first_order = isinstance(method, FirstOrder)
+
         def iterate(c: Carry, data) -> tuple[Carry, tuple]:
+            kw = {"fresh": c.fresh} if first_order else {}
             x, f, g, state, info = method.step(
-                c.x, c.f, c.g, c.state, c.scale, fun, data
+                c.x, c.f, c.g, c.state, c.scale, fun, data, **kw
             )
+            f_eval, g_eval = f, g
             bad = info.nonfinite
             keep = lambda new, old: jnp.where(bad, old, new)  # noqa: E731
             x, f, g = keep(x, c.x), keep(f, c.f), keep(g, c.g)
@@ -169,7 +175,25 @@ class Optimizer:
                 ),
             ).astype(jnp.int32)
             step = jnp.sqrt(jnp.sum(jnp.square(x - c.x)))
-            new = Carry(x, f, g, state, scale, n_bad, n_flat, c.iteration + 1, status)
+            new = Carry(
+                x, f, g, state, scale, n_bad, n_flat, c.iteration + 1, status, c.fresh
+            )
+            if first_order:
+                # the first evaluation of a phase: the loss and gradient at x,
+                # no step, no iteration counted
+                initial = Carry(
+                    c.x,
+                    f_eval,
+                    g_eval,
+                    c.state,
+                    c.scale,
+                    c.n_bad,
+                    c.n_flat,
+                    c.iteration,
+                    jnp.where(bad, NONFINITE, RUNNING).astype(jnp.int32),
+                    jnp.zeros_like(c.fresh),
+                )
+                new = jax.tree.map(lambda a, b: jnp.where(c.fresh, a, b), initial, new)
             return new, (f, gnorm, step)
 
         def run(c: Carry, data, n_end):
@@ -183,7 +207,7 @@ class Optimizer:
 
             def cond(s):
                 c, _ = s
-                return (c.status == RUNNING) & (c.iteration < n_end)
+                return (c.status == RUNNING) & ((c.iteration < n_end) | c.fresh)
 
             def body(s):
                 c, buf = s
@@ -199,8 +223,26 @@ class Optimizer:
         return fn
 
     # -- the host loop ---------------------------------------------------------------
-    def start_phase(self, p: int, x, f, g, data, alive) -> Carry:
-        state, f, g = self._init_fn(p)(x, f, g, data)
+    def start_phase(
+        self,
+        p: int,
+        x,
+        f,
+        g,
+        data,
+        alive=None,
+        *,
+        abstract: bool = False,
+        fresh: bool = False,
+    ) -> Carry:
+        n = x.shape[0]
+        if fresh:  # evaluated by the phase's first chunk
+            f = jnp.full((n,), jnp.inf, x.dtype)
+            g = jnp.zeros_like(x)
+            alive = jnp.ones((n,), bool)
+        state, f, g = self._init(p, x, f, g, data, abstract=abstract)
+        if alive is None:
+            alive = _finite(f, g)
         n = x.shape[0]
         dt = x.dtype
         status = jnp.where(alive, RUNNING, NONFINITE).astype(jnp.int32)
@@ -214,6 +256,7 @@ class Optimizer:
             jnp.zeros((n,), jnp.int32),
             jnp.zeros((n,), jnp.int32),
             status,
+            jnp.full((n,), fresh),
         )
 
     def template(self, p: int, xs, data) -> Carry:
@@ -221,7 +264,9 @@ class Optimizer:
         n = xs.shape[0]
         f = jnp.zeros((n,), xs.dtype)
         return jax.eval_shape(
-            lambda x, f, g: self.start_phase(p, x, f, g, data, jnp.ones(n, bool)),
+            lambda x, f, g: self.start_phase(
+                p, x, f, g, data, jnp.ones(n, bool), abstract=True
+            ),
             xs,
             f,
             xs,
@@ -240,17 +285,25 @@ class Optimizer:
         t0 = time.perf_counter()
         n_starts = xs.shape[0]
         if resume is None:
-            f, g = self.evaluate(xs, data)
-            f_np, g_np = np.asarray(f), np.asarray(g)
-            alive = np.isfinite(f_np) & np.all(np.isfinite(g_np), axis=1)
-            if not alive.any():
+            first = self.methods[0]
+            if isinstance(first, FirstOrder):
+                # the first chunk's executable evaluates the starting points
+                carry = self.start_phase(0, xs, None, None, data, fresh=True)
+                carry, _ = self._chunk_fn(0)(carry, data, jnp.asarray(0, jnp.int32))
+            elif isinstance(first, AbstractLeastSquaresMethod):
+                # its initialisation evaluates the residuals and Jacobian
+                carry = self.start_phase(0, xs, None, None, data)
+            else:
+                f, g = self.evaluate(xs, data)
+                carry = self.start_phase(0, xs, f, g, data)
+            f_np = np.asarray(carry.f)
+            if not (np.asarray(carry.status) == RUNNING).any():
                 raise FloatingPointError(
                     "The loss or its gradient is not finite at every starting point "
                     f"(loss {f_np.tolist()}); check the initial parameter values "
                     "and the data."
                 )
             rec = new_record(n_starts, f_np)
-            carry = self.start_phase(0, xs, f, g, data, jnp.asarray(alive))
         else:
             rec, carry = resume["record"], resume["carry"]
         t_offset = rec["elapsed"]
@@ -321,6 +374,10 @@ class Optimizer:
 
 
 HISTORY = ("loss", "grad_norm", "step")
+
+
+def _finite(f, g):
+    return np.isfinite(np.asarray(f)) & np.all(np.isfinite(np.asarray(g)), axis=1)
 
 
 def new_record(n_starts: int, initial_loss: np.ndarray) -> dict:

@@ -12,9 +12,13 @@ import abc
 import copy
 import dataclasses
 import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 import jax.tree_util as jtu
@@ -24,6 +28,7 @@ from jaxtyping import Array, Float
 
 from epifit.fitting._config import FitConfig, FitConfigError, PriorConfig
 from epifit.fitting._problem import Problem
+from epifit.fitting._simulate import load_params
 from epifit.model import compile_model
 from epifit.model._transform import bounds_error, default_bounds, value_error
 
@@ -293,3 +298,79 @@ def constrained_dict(problem: Problem, params) -> dict[str, Any]:
     values = problem.model.constrain(params)
     neural = {n.name for n in problem.spec.neural}
     return {k: np.asarray(v) for k, v in values.items() if k not in neural}
+
+
+def starting_params(problem: Problem, init, values) -> dict:
+    """The model's initial parameters, or `init`, with constrained `values`."""
+    from epifit.fitting._result import FitResult
+
+    if isinstance(init, FitResult):
+        init = init.params
+    if init is None:
+        params = problem.init_params()
+    else:
+        expected = {p.name for p in problem.spec.parameters}
+        expected |= {n.name for n in problem.spec.neural}
+        if not isinstance(init, Mapping) or set(init) != expected:
+            got = sorted(init) if isinstance(init, Mapping) else type(init).__name__
+            raise TypeError(
+                "init must be an unconstrained parameter pytree with entries "
+                f"{sorted(expected)} (e.g. problem.init_params() or a FitResult's "
+                f"params), or a FitResult; got {got}. For constrained values use "
+                "values={name: value}."
+            )
+        template = problem.init_params()
+        for k in expected:
+            a, b = jax.tree.structure(init[k]), jax.tree.structure(template[k])
+            shapes = [np.shape(v) for v in jax.tree.leaves(init[k])]
+            want = [np.shape(v) for v in jax.tree.leaves(template[k])]
+            if a != b or shapes != want:
+                raise ValueError(
+                    f"init['{k}'] has shapes {shapes}; the problem needs {want}."
+                )
+        params = dict(init)
+    if values is None:
+        return params
+    if isinstance(values, str | os.PathLike):
+        given = read_values(Path(values))
+    elif isinstance(values, Mapping):
+        given = dict(values)
+    else:
+        raise TypeError(
+            f"values must be a mapping or a TOML/JSON file; got {type(values)}."
+        )
+    new = load_params(problem, given)  # validates names and shapes
+    return {**params, **{k: new[k] for k in given}}
+
+
+def read_values(path: Path) -> dict:
+    if not path.exists():
+        raise FileNotFoundError(f"Parameter file {path} does not exist.")
+    text = path.read_text()
+    try:
+        if path.suffix == ".json":
+            import json
+
+            data = json.loads(text)
+        else:
+            import tomllib
+
+            data = tomllib.loads(text)
+    except ValueError as e:
+        raise FitConfigError(
+            f"cannot parse parameter values: {e}", file=str(path)
+        ) from None
+    return dict(data.get("parameters", data))
+
+
+def free_entries(params, mask) -> np.ndarray:
+    """A bool per array element of `params`: is it free?"""
+    arrays, _ = eqx.partition(params, eqx.is_inexact_array)
+    flags = jax.tree.map(
+        lambda a, m: None if a is None else np.full(np.shape(a), bool(m)),
+        arrays,
+        mask,
+        is_leaf=lambda v: v is None,
+    )
+    leaves = [np.ravel(f) for f in jax.tree.leaves(flags)]
+    return np.concatenate(leaves) if leaves else np.zeros((0,), bool)

@@ -139,6 +139,9 @@ class FitResult:
             if r["kind"] == "fixed":
                 lines.append(f"{r['label']:24s} {r['estimate']:13.6g}   (fixed)")
                 continue
+            if not math.isfinite(r["se"]) and not math.isfinite(r["lower"]):
+                lines.append(f"{r['label']:24s} {r['estimate']:13.6g}")
+                continue
             lines.append(
                 f"{r['label']:24s} {r['estimate']:13.6g} {r['se']:11.4g} "
                 f"[{r['lower']:12.6g}, {r['upper']:12.6g}]"

@@ -66,6 +66,8 @@ def laplace(
     *,
     method: str = "auto",
     noise: str = "auto",
+    jacobian: tuple | None = None,
+    loss: float | None = None,
 ) -> Laplace:
     """The Laplace approximation at `x` (the optimum).
 
@@ -77,6 +79,8 @@ def laplace(
             `gauss_newton` or `hessian`.
         noise: `auto`/`estimate` (gaussian observations: estimate the
             residual variance) or `known` (the weights are `1 / (2 σ²)`).
+        jacobian: `(r, J)` at `x` when already computed (Gauss-Newton).
+        loss: the loss at `x` when already computed (saves a solve).
     """
     n = int(x.shape[0])
     if method == "auto":
@@ -90,8 +94,15 @@ def laplace(
     s2 = None
     dof = objective.n_data - n
     if method == "gauss_newton":
-        rd, Jd, rp, Jp = jit(objective.split_jacobian)(x, data)
-        rd, Jd, rp, Jp = (np.asarray(a, np.float64) for a in (rd, Jd, rp, Jp))
+        if jacobian is None:
+            xs = jnp.asarray(x)[None, :]
+            r, J, *_ = objective.compiled("jacobian_and_solution")(xs, data)
+            r, J = r[0], J[0]
+        else:
+            r, J = jacobian
+        r, J = np.asarray(r, np.float64), np.asarray(J, np.float64)
+        k = objective.n_data_rows
+        rd, Jd, Jp = r[:k], J[:k], J[k:]
         ssr = float(rd @ rd)
         if estimate:
             s2 = ssr / dof if dof > 0 else math.nan
@@ -99,12 +110,19 @@ def laplace(
         else:
             H = 2.0 * (Jd.T @ Jd + Jp.T @ Jp)
     elif method == "hessian":
-        H = np.asarray(jit(jax.hessian(objective.loss))(x, data), np.float64)
+        # the data part is the expensive one (a solve); the penalty has none
+        penalty = lambda x, d: objective.free.penalty(x, d["rest"])  # noqa: E731
+        Hd = np.asarray(jit(jax.hessian(objective.data_loss))(x, data), np.float64)
+        Hp = np.asarray(jit(jax.hessian(penalty))(x, data), np.float64)
         if estimate:
-            Hd = np.asarray(jit(jax.hessian(objective.data_loss))(x, data), np.float64)
-            ssr = float(jit(objective.data_loss)(x, data))
+            if loss is None:
+                ssr = float(jit(objective.data_loss)(x, data))
+            else:
+                ssr = float(loss) - float(jit(penalty)(x, data))
             s2 = ssr / dof if dof > 0 else math.nan
-            H = Hd / (2.0 * s2) + (H - Hd)
+            H = Hd / (2.0 * s2) + Hp
+        else:
+            H = Hd + Hp
     else:
         raise ValueError(
             f"Unknown uncertainty method {method!r}; expected auto, gauss_newton or "
@@ -121,30 +139,81 @@ def laplace(
     return Laplace(method, cov, H, s2, message)
 
 
+# eigenvalues below this fraction of the largest count as no curvature: the
+# Hessian of a loss through an adaptive solve is accurate to about the solver
+# tolerance, far from machine precision
+CURVATURE_RTOL = 1e-9
+
+
 def _inverse(H: np.ndarray) -> tuple[np.ndarray, str]:
+    """`H⁻¹`, or for a Hessian that is not positive definite the pseudo-inverse
+    on its positive-curvature directions, with infinite variance for the
+    coordinates that lie appreciably (over a tenth of their length) in the
+    others."""
     if H.size == 0:
         return H.copy(), ""
     if not np.all(np.isfinite(H)):
         return np.full_like(H, np.nan), "the Hessian is not finite at the optimum"
     w, V = np.linalg.eigh(H)
-    tol = max(w.max(), 0.0) * H.shape[0] * np.finfo(np.float64).eps
-    if np.all(w > tol):
-        return (V / w) @ V.T, ""
-    bad = int(np.sum(w <= tol))
-    good = w > tol
+    good = w > CURVATURE_RTOL * max(w.max(), 0.0)
     cov = (V[:, good] / w[good]) @ V[:, good].T
-    # directions without curvature: unidentified, infinite variance
-    var_extra = np.sum(np.square(V[:, ~good]), axis=1)
-    cov[np.diag_indices_from(cov)] = np.where(var_extra > 1e-12, np.inf, np.diag(cov))
+    if good.all():
+        return cov, ""
+    flat = np.sum(np.square(V[:, ~good]), axis=1) > 0.1
+    cov[flat, :] = np.nan
+    cov[:, flat] = np.nan
+    cov[flat, flat] = np.inf
     return cov, (
-        f"the Hessian is not positive definite ({bad} direction(s) without "
-        "curvature): those parameters are not identified by the data; their "
-        "standard errors are infinite"
+        f"the Hessian is not positive definite: {int((~good).sum())} direction(s) "
+        "without curvature (not identified by the data) are left out of the "
+        f"covariance (a pseudo-inverse); {int(flat.sum())} coordinate(s) lying "
+        "in them have infinite standard errors. Priors or an l2 penalty "
+        "in the fit configuration identify them."
     )
 
 
 def _z(level: float) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2.0)
+
+
+def _table_arrays(objective: FitObjective, x, se_x, data, z):
+    """Everything the parameter table needs, in one compiled call: constrained
+    values, and for every free entry its slope `dc/dx` and the transformed
+    interval ends; derived values and their gradients."""
+    from epifit.model._transform import constrain
+
+    problem, free = objective.problem, objective.free
+    model = problem.model
+    names = np.asarray(free.names)
+    derived = [d.name for d in problem.spec.derived]
+
+    def fn(x, se_x, rest):
+        values = model.constrain(free.params(x, rest))
+        out = {"values": {p.name: values[p.name] for p in problem.spec.parameters}}
+        ends = {}
+        for p in problem.spec.parameters:
+            idx = np.flatnonzero(names == p.name)
+            if idx.size == 0:
+                continue
+            xp, sp = x[idx], se_x[idx]
+            c = lambda u, p=p: constrain(p.transform, u, *p.bounds)  # noqa: E731
+            ends[p.name] = (
+                jax.vmap(jax.grad(c))(xp),
+                c(xp - z * sp),
+                c(xp + z * sp),
+            )
+        out["ends"] = ends
+        if derived:
+
+            def dfn(x):
+                vals = model.constrain(free.params(x, rest))
+                return {d: jnp.ravel(vals[d]) for d in derived}
+
+            out["derived"] = dfn(x)
+            out["derived_jac"] = jax.jacfwd(dfn)(x)
+        return out
+
+    return jax.tree.map(np.asarray, jit(fn)(x, se_x, data["rest"]))
 
 
 def parameter_table(
@@ -159,81 +228,63 @@ def parameter_table(
     quantity: `label, name, patch, kind, estimate, se, lower, upper`."""
     problem = objective.problem
     free = objective.free
-    model = problem.model
     z = _z(level)
-    x = jnp.asarray(x)
-    params = free.params(x, data["rest"])
-    values = model.constrain(params)
     cov = None if covariance is None else np.asarray(covariance, np.float64)
-    se_x = None if cov is None else np.sqrt(np.clip(np.diag(cov), 0.0, np.inf))
-    index = {label: i for i, label in enumerate(free.labels)}
+    if cov is None:
+        se_x = np.full((free.n,), np.nan)
+    else:
+        se_x = np.sqrt(np.clip(np.diag(cov), 0.0, np.inf))
+    arrays = _table_arrays(objective, jnp.asarray(x), jnp.asarray(se_x), data, z)
+    names = np.asarray(free.names)
     rows = []
     for p in problem.spec.parameters:
-        v = np.asarray(values[p.name], np.float64)
+        v = np.asarray(arrays["values"][p.name], np.float64)
         per = p.per_patch and v.ndim == 1
         labels = [f"{p.name}[{q}]" for q in problem.patches] if per else [p.name]
+        idx = np.flatnonzero(names == p.name)
         for j, label in enumerate(labels):
             est = float(v[j] if per else v)
             row = dict(
                 label=label,
                 name=p.name,
                 patch=problem.patches[j] if per else "",
-                kind="free" if label in index else "fixed",
+                kind="free" if idx.size else "fixed",
                 estimate=est,
                 se=0.0,
                 lower=est,
                 upper=est,
             )
-            if label in index:
-                i = index[label]
-                if se_x is None:
-                    row.update(se=math.nan, lower=math.nan, upper=math.nan)
-                else:
-                    from epifit.model._transform import constrain
-
-                    xi = float(x[i])
-                    c = lambda u, p=p: constrain(p.transform, u, *p.bounds)  # noqa: E731
-                    slope = float(jax.grad(c)(jnp.asarray(xi)))
-                    row["se"] = abs(slope) * se_x[i]
-                    lo = float(c(jnp.asarray(xi - z * se_x[i])))
-                    hi = float(c(jnp.asarray(xi + z * se_x[i])))
-                    row["lower"], row["upper"] = min(lo, hi), max(lo, hi)
+            if idx.size:
+                slope, lo, hi = (a[j] for a in arrays["ends"][p.name])
+                se = abs(float(slope)) * se_x[idx[j]]
+                row.update(se=se, lower=float(min(lo, hi)), upper=float(max(lo, hi)))
             rows.append(row)
-    derived = [d.name for d in problem.spec.derived]
-    if derived:
-
-        def fn(x):
-            vals = model.constrain(free.params(x, data["rest"]))
-            return {d: jnp.ravel(vals[d]) for d in derived}
-
-        vals = {k: np.asarray(v, np.float64) for k, v in fn(x).items()}
-        jac = jax.jacfwd(fn)(x) if cov is not None and free.n else None
-        for d in derived:
-            v = vals[d]
-            per = v.size == problem.n_patches and v.size > 1
-            for j in range(v.size):
-                label = f"{d}[{problem.patches[j]}]" if per else d
-                est = float(v[j])
-                row = dict(
-                    label=label,
-                    name=d,
-                    patch=problem.patches[j] if per else "",
-                    kind="derived",
-                    estimate=est,
-                    se=math.nan,
-                    lower=math.nan,
-                    upper=math.nan,
-                )
-                if jac is not None:
-                    grad = np.asarray(jac[d][j], np.float64)
-                    used = grad != 0
-                    var = float(grad[used] @ cov[np.ix_(used, used)] @ grad[used])
-                    se = math.sqrt(var) if var >= 0 else math.nan
-                    row["se"] = se
-                    if est > 0 and math.isfinite(se):
-                        row["lower"] = est * math.exp(-z * se / est)
-                        row["upper"] = est * math.exp(z * se / est)
-                    else:
-                        row["lower"], row["upper"] = est - z * se, est + z * se
-                rows.append(row)
+    for d in problem.spec.derived:
+        v = np.asarray(arrays["derived"][d.name], np.float64)
+        jac = np.asarray(arrays["derived_jac"][d.name], np.float64)
+        per = v.size == problem.n_patches and v.size > 1
+        for j in range(v.size):
+            est = float(v[j])
+            row = dict(
+                label=f"{d.name}[{problem.patches[j]}]" if per else d.name,
+                name=d.name,
+                patch=problem.patches[j] if per else "",
+                kind="derived",
+                estimate=est,
+                se=math.nan,
+                lower=math.nan,
+                upper=math.nan,
+            )
+            if cov is not None:
+                grad = jac[j]
+                used = grad != 0
+                var = float(grad[used] @ cov[np.ix_(used, used)] @ grad[used])
+                se = math.sqrt(var) if var >= 0 else math.nan
+                row["se"] = se
+                if est > 0 and math.isfinite(se):
+                    row["lower"] = est * math.exp(-z * se / est)
+                    row["upper"] = est * math.exp(z * se / est)
+                else:
+                    row["lower"], row["upper"] = est - z * se, est + z * se
+            rows.append(row)
     return rows

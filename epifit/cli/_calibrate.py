@@ -1,0 +1,110 @@
+"""`epifit calibrate MODEL.toml --data DATA.nc --out FIT.nc`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help="model file (TOML)")
+    p.add_argument("--data", required=True, help="dataset (netCDF) with observations")
+    p.add_argument("--out", required=True, help="output fit file (netCDF), FIT.nc")
+    p.add_argument("--fit", help="fit configuration (TOML): phases, overrides, ...")
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from the checkpoint beside --out (FIT.ckpt) if there is one",
+    )
+    p.add_argument(
+        "--checkpoint-every",
+        type=int,
+        metavar="N",
+        help="checkpoint the optimiser state every N iterations to FIT.ckpt",
+    )
+    p.add_argument("--seed", type=int, help="seed of the multi-start perturbations")
+    p.add_argument("--n-starts", type=int, help="starting points (multi-start)")
+    p.add_argument("--max-iterations", type=int, help="cap on iterations")
+    p.add_argument("--time-budget", type=float, help="seconds; stop (and checkpoint)")
+    p.add_argument("--rtol", type=float, help="solver relative tolerance")
+    p.add_argument("--atol", type=float, help="solver absolute tolerance")
+    p.add_argument(
+        "--adjoint",
+        choices=("checkpoint", "backsolve", "interpolating", "quadrature", "forward"),
+        help="how gradients are computed (default checkpoint)",
+    )
+    p.add_argument(
+        "--no-uncertainty", action="store_true", help="skip the Laplace approximation"
+    )
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def _existing(path: str, what: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} file {p} does not exist.")
+    if p.is_dir():
+        raise IsADirectoryError(f"{what} path {p} is a directory, not a file.")
+    return p
+
+
+def _run(a) -> int:
+    from epifit.data import write_dataset
+    from epifit.fitting import calibrate
+    from epifit.fitting._checkpoint import checkpoint_path
+
+    model = _existing(a.model, "Model")
+    data = _existing(a.data, "Data")
+    fit = _existing(a.fit, "Fit configuration") if a.fit else None
+    out = Path(a.out)
+    if not out.parent.is_dir():
+        raise FileNotFoundError(
+            f"Cannot write {out}: directory {out.parent} does not exist."
+        )
+    if a.checkpoint_every is not None and a.checkpoint_every < 1:
+        raise ValueError(f"--checkpoint-every must be >= 1; got {a.checkpoint_every}")
+    use_checkpoint = a.resume or a.checkpoint_every is not None
+    with warnings.catch_warnings():
+        # a fit stopped by persistent non-finite losses says so in its summary
+        warnings.filterwarnings("ignore", message="stopped: ", category=RuntimeWarning)
+        result = calibrate(
+            model,
+            data,
+            fit=fit,
+            seed=a.seed,
+            n_starts=a.n_starts,
+            max_iterations=a.max_iterations,
+            time_budget=a.time_budget,
+            rtol=a.rtol,
+            atol=a.atol,
+            adjoint=a.adjoint,
+            uncertainty=False if a.no_uncertainty else None,
+            checkpoint=checkpoint_path(out) if use_checkpoint else None,
+            checkpoint_every=a.checkpoint_every,
+            resume=a.resume,
+            progress=False if a.no_progress else "auto",
+        )
+    ds = result.to_dataset()
+    ds.attrs["command"] = " ".join(
+        ["epifit calibrate", a.model, f"--data {a.data}", f"--out {a.out}"]
+        + ([f"--fit {a.fit}"] if a.fit else [])
+    )
+    write_dataset(ds, out)
+    if a.json:
+        summary = result.to_json()
+        summary["out"] = str(out)
+        print(json.dumps(summary))
+    else:
+        print(result.summary())
+        print(f"wrote {out}")
+    return 0
+
+
+COMMAND = (
+    "fit a model's free parameters to data; write FIT.nc with intervals",
+    _add_arguments,
+    _run,
+)

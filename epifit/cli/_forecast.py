@@ -1,0 +1,129 @@
+"""`epifit forecast FIT.nc --scenarios SCENARIOS.toml --days N --out FORECAST.nc`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def _add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("fit", help="a fit file (epifit calibrate), FIT.nc")
+    p.add_argument(
+        "--scenarios",
+        help="scenario file (TOML); default: the baseline only",
+    )
+    p.add_argument("--out", required=True, help="output forecast file (netCDF)")
+    p.add_argument(
+        "--days",
+        type=int,
+        help="forecast days past the data (default: the scenario file's `days`)",
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=100,
+        help="parameter draws from the fit's Laplace approximation (default 100; "
+        "0: the point estimate only)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
+    p.add_argument(
+        "--quantiles",
+        help="comma-separated levels (default 0.025,0.25,0.5,0.75,0.975)",
+    )
+    p.add_argument(
+        "--compartments",
+        help="comma-separated compartments to report besides the observed series",
+    )
+    p.add_argument(
+        "--data",
+        help="the fit's dataset, when the data file named in FIT.nc moved",
+    )
+    p.add_argument(
+        "--chunk-size", type=int, help="samples per compiled call (default by memory)"
+    )
+    p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def _existing(path: str, what: str) -> Path:
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"{what} file {p} does not exist.")
+    if p.is_dir():
+        raise IsADirectoryError(f"{what} path {p} is a directory, not a file.")
+    return p
+
+
+def _list(text: str | None) -> list[str]:
+    return [x.strip() for x in (text or "").split(",") if x.strip()]
+
+
+def _run(a) -> int:
+    from epifit.data import write_dataset
+    from epifit.forecasting import DEFAULT_QUANTILES, forecast, forecast_summary
+
+    fit = _existing(a.fit, "Fit")
+    scenarios = _existing(a.scenarios, "Scenario") if a.scenarios else ()
+    data = _existing(a.data, "Data") if a.data else None
+    out = Path(a.out)
+    if not out.parent.is_dir():
+        raise FileNotFoundError(
+            f"Cannot write {out}: directory {out.parent} does not exist."
+        )
+    try:
+        quantiles = [float(x) for x in _list(a.quantiles)] or DEFAULT_QUANTILES
+    except ValueError:
+        raise ValueError(
+            f"--quantiles must be comma-separated numbers; got {a.quantiles!r}"
+        ) from None
+    ds = forecast(
+        fit,
+        scenarios,
+        days=a.days,
+        samples=a.samples,
+        seed=a.seed,
+        quantiles=quantiles,
+        compartments=_list(a.compartments),
+        data=data,
+        chunk_size=a.chunk_size,
+    )
+    ds.attrs["command"] = " ".join(
+        ["epifit forecast", a.fit]
+        + ([f"--scenarios {a.scenarios}"] if a.scenarios else [])
+        + [f"--days {ds.attrs['days']}", f"--samples {a.samples}", f"--seed {a.seed}"]
+        + [f"--out {a.out}"]
+    )
+    write_dataset(ds, out)
+    summary = forecast_summary(ds)
+    summary["out"] = str(out)
+    if a.json:
+        print(json.dumps(summary))
+        return 0
+    levels = summary["quantiles"]
+    lo, hi = f"{levels[0]:g}", f"{levels[-1]:g}"
+    med = "0.5" if 0.5 in levels else f"{levels[len(levels) // 2]:g}"
+    print(
+        f"forecast of '{summary['model']}': {summary['days']} days from "
+        f"{summary['forecast_start']}, {summary['samples']} draws (seed "
+        f"{summary['seed']}); totals over patches, {med} quantile [{lo}, {hi}]"
+    )
+    for name, rec in summary["scenarios"].items():
+        failed = rec.pop("failed_samples")
+        note = f"  ({failed} draws failed)" if failed else ""
+        print(f"{name}{note}")
+        for s, stats in rec.items():
+            parts = [
+                f"{stat} {stats[stat][med]:.4g} [{stats[stat][lo]:.4g}, "
+                f"{stats[stat][hi]:.4g}]"
+                for stat in ("cumulative", "peak", "peak_day")
+            ]
+            print(f"  {s:20s} " + "; ".join(parts))
+    print(f"wrote {out}")
+    return 0
+
+
+COMMAND = (
+    "run scenarios over a fit's uncertainty; write FORECAST.nc (quantiles, peaks)",
+    _add_arguments,
+    _run,
+)

@@ -1,0 +1,451 @@
+"""`forecast`: scenarios x parameter samples of a fitted model, summarised."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import warnings
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import xarray as xr
+from jax.flatten_util import ravel_pytree
+
+from epifit.data import FEATURE
+from epifit.fitting import FitResult, Problem
+from epifit.fitting._parameters import leaf_labels
+from epifit.forecasting._bind import BoundScenarios, Horizon, bind_scenarios
+from epifit.forecasting._ensemble import (
+    EnsembleConfig,
+    draw_samples,
+    param_template,
+    run_ensemble,
+)
+from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
+from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
+from epifit.forecasting._summary import first_row, summarize
+from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
+
+__all__ = [
+    "DEFAULT_QUANTILES",
+    "KIND",
+    "PreparedForecast",
+    "forecast",
+    "forecast_summary",
+    "prepare_forecast",
+]
+
+DEFAULT_QUANTILES = (0.025, 0.25, 0.5, 0.75, 0.975)
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _resolve_fit(fit, params, covariance, data):
+    """`(problem, params, covariance, settings, provenance)` from what was given."""
+    prov: dict[str, Any] = {}
+    if isinstance(fit, str | os.PathLike):
+        path = Path(fit)
+        if not path.exists():
+            raise FileNotFoundError(f"Fit file {path} does not exist.")
+        prov = {"fit_file": str(path), "fit_sha256": _sha256(path)}
+        fit = FitResult.from_netcdf(path, data=data)
+    elif data is not None and not isinstance(fit, Problem):
+        raise ValueError("data= applies to a fit file path; a FitResult has its data.")
+    if isinstance(fit, FitResult):
+        if params is not None or covariance is not None:
+            raise ValueError(
+                "params= and covariance= apply to a Problem; a FitResult has its own."
+            )
+        if fit.problem is None:
+            where = prov.get("fit_file", "the fit")
+            raise FileNotFoundError(
+                f"{where} is not bound to its data (the data file it names is "
+                "missing or changed); a forecast needs the covariates: pass the "
+                "dataset (data=..., or --data DATA.nc)."
+            )
+        prov.update({k: v for k, v in fit.hashes.items() if v})
+        method = fit.uncertainty.get("method", "none")
+        has_cov = fit.covariance is not None
+        prov["covariance"] = f"laplace ({method})" if has_cov else "none"
+        return fit.problem, fit.params, fit.covariance, dict(fit.settings), prov, fit
+    if isinstance(fit, Problem):
+        params = fit.init_params() if params is None else params
+        prov.update({k: v for k, v in fit.hashes().items() if v})
+        prov["covariance"] = "given" if covariance is not None else "none"
+        return fit, params, covariance, {}, prov, None
+    raise TypeError(
+        "fit must be a FitResult, a FIT.nc path or a Problem (with params=); got "
+        f"{type(fit).__name__}."
+    )
+
+
+def _solver(settings: Mapping[str, Any], solver, controller, rtol, atol):
+    import epifit.ode as ode
+
+    if solver is None:
+        name = str(settings.get("solver") or "Tsit5")
+        cls = getattr(ode, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, AbstractSolver)):
+            raise ValueError(
+                f"The fit's solver {name!r} is not an epifit.ode solver; pass "
+                "solver= (e.g. epifit.ode.Tsit5())."
+            )
+        solver = cls()
+    if not isinstance(solver, AbstractSolver):
+        raise TypeError(f"solver must be an epifit.ode solver; got {solver!r}.")
+    if controller is None:
+        controller = PIDController(
+            rtol=rtol if rtol is not None else settings.get("rtol", 1e-6),
+            atol=atol if atol is not None else settings.get("atol", 1e-9),
+        )
+    elif rtol is not None or atol is not None:
+        raise ValueError("Give rtol/atol or a stepsize_controller, not both.")
+    if not isinstance(controller, AbstractStepSizeController):
+        raise TypeError(
+            f"stepsize_controller must be an epifit.ode controller; got {controller!r}."
+        )
+    return solver, controller
+
+
+@dataclasses.dataclass
+class PreparedForecast:
+    """A forecast checked and set up, ready to run (see [`prepare_forecast`][]).
+
+    Attributes:
+        problem, bound, horizon: the problem, the bound scenarios, the days.
+        quantiles: the levels.
+        config: the ensemble's static configuration.
+        xs: `(1 + samples, free)`: the point estimate, then the draws.
+        template: the `(free, rest)` parameter arrays.
+        samples: the number of draws.
+        observations, compartments: the series reported.
+        attrs: provenance attributes.
+    """
+
+    problem: Problem
+    bound: BoundScenarios
+    horizon: Horizon
+    quantiles: np.ndarray
+    config: EnsembleConfig
+    xs: np.ndarray
+    template: Any
+    samples: int
+    observations: tuple[str, ...]
+    compartments: tuple[str, ...]
+    attrs: dict[str, Any]
+
+    def scenario_data(self) -> Iterator[dict[str, Any]]:
+        """Each scenario's data, made when needed (bounded memory)."""
+        initial = {k: np.asarray(v) for k, v in self.problem.initial_data.items()}
+        for i in range(len(self.bound.names)):
+            yield {**self.bound.data(i), "initial": initial}
+
+    def run(self, *, chunk_size: int | None = None) -> xr.Dataset:
+        """Run the ensemble and summarise it (what [`forecast`][] returns)."""
+        runs = run_ensemble(
+            self.config,
+            self.xs,
+            self.template,
+            self.scenario_data(),
+            chunk_size=chunk_size,
+        )
+        return self.summarize(runs)
+
+    def summarize(self, runs) -> xr.Dataset:
+        """The Dataset from [`run_ensemble`][]'s output."""
+        cfg, xs, samples, q = self.config, self.xs, self.samples, self.quantiles
+        observations, compartments = self.observations, self.compartments
+        n_fit = self.horizon.n_fit
+        bound = self.bound
+        series_names = (*observations, *compartments)
+        per_scenario, estimates, failed = [], [], []
+        for name, (series, results) in zip(bound.names, runs, strict=True):
+            finite = np.ones(xs.shape[0], bool)
+            for s, a in series.items():
+                body = a[:, first_row(s, cfg.incidence) :]
+                finite &= np.all(np.isfinite(body), axis=tuple(range(1, a.ndim)))
+            ok = (results == 0) & finite
+            if not ok[0]:
+                raise RuntimeError(
+                    f"The solve at the point estimate failed in scenario '{name}' "
+                    f"(result code {int(results[0])}); give more max_steps or other "
+                    "solver tolerances, or check the scenario's changes."
+                )
+            estimates.append({s: series[s][0] for s in series_names})
+            use = ok[1:] if samples else ok[:1]
+            pick = slice(1, None) if samples else slice(0, 1)
+            chosen = {s: series[s][pick][use] for s in series_names}
+            failed.append(int(np.sum(~ok[1:])))
+            if samples and not np.any(use):
+                warnings.warn(
+                    f"Every parameter draw failed to solve in scenario '{name}'; its "
+                    "quantiles are NaN.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            per_scenario.append(
+                summarize(chosen, quantiles=q, start=n_fit, incidence=cfg.incidence)
+            )
+        return forecast_dataset(
+            problem=self.problem,
+            bound=bound,
+            horizon=self.horizon,
+            quantiles=q,
+            per_scenario=per_scenario,
+            estimates=estimates,
+            failed=failed,
+            series_names=series_names,
+            observations=observations,
+            attrs=self.attrs,
+        )
+
+
+def prepare_forecast(
+    fit: FitResult | str | os.PathLike | Problem,
+    scenarios: ScenariosLike = (),
+    *,
+    days: int | None = None,
+    samples: int = 100,
+    seed: int = 0,
+    quantiles: Sequence[float] = DEFAULT_QUANTILES,
+    compartments: Sequence[str] = (),
+    data: xr.Dataset | str | os.PathLike | None = None,
+    params=None,
+    covariance: np.ndarray | None = None,
+    baseline: bool = True,
+    solver: AbstractSolver | None = None,
+    stepsize_controller: AbstractStepSizeController | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    max_steps: int | None = None,
+) -> PreparedForecast:
+    """Check a forecast's inputs, bind its scenarios and draw its samples,
+    without running anything: `prepare_forecast(...).run()` is
+    [`forecast`][]. The arguments are those of `forecast` (less
+    `chunk_size`)."""
+    problem, params, cov, settings, prov, fit_obj = _resolve_fit(
+        fit, params, covariance, data
+    )
+    sset = as_scenarios(scenarios) if not _empty(scenarios) else ScenarioSet(())
+    days = sset.days if days is None else days
+    if days is None:
+        raise ValueError(
+            "Give the forecast horizon: days=N (--days N), or `days = N` in the "
+            "scenario file."
+        )
+    for name, v, lo in (("days", days, 0), ("samples", samples, 0), ("seed", seed, 0)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}.")
+    q = np.asarray(quantiles, np.float64).ravel()
+    if q.size == 0 or np.any((q < 0) | (q > 1)) or np.any(np.diff(q) <= 0):
+        raise ValueError(
+            f"quantiles must be increasing levels in [0, 1]; got {list(quantiles)}."
+        )
+    model = problem.model
+    spec = model.spec
+    observations = tuple(o.name for o in spec.observations)
+    compartments = tuple(compartments)
+    unknown = [c for c in compartments if c not in model.compartments]
+    if unknown:
+        raise ValueError(
+            f"Unknown compartment(s) {unknown}; model '{spec.name}' has "
+            f"{', '.join(model.compartments)}."
+        )
+    clash = sorted(set(compartments) & set(observations))
+    if clash:
+        raise ValueError(
+            f"{clash} name both a compartment and an observed series; leave them "
+            "out of compartments (the observed series is always reported)."
+        )
+
+    n_fit = int(problem.ts.size)
+    first = None
+    if problem.dates is not None:
+        first = np.datetime64(problem.dates[0], "D")
+    horizon = Horizon(n_fit=n_fit, n_days=n_fit + int(days), first_date=first)
+    if horizon.n_days < 2:
+        raise ValueError("A forecast needs at least 2 days in all; give days >= 1.")
+    values = jax.tree.map(np.asarray, model.constrain(params))
+    feature_labels = {}
+    ds_in = problem.dataset
+    if ds_in is not None and FEATURE in ds_in.coords:
+        labels = [str(v) for v in ds_in[FEATURE].values]
+        feature_labels = {c.name: labels for c in spec.covariates if FEATURE in c.dims}
+    bound = bind_scenarios(
+        sset,
+        model=model,
+        patches=problem.patches,
+        covariates=dict(problem.covariates),
+        values=values,
+        horizon=horizon,
+        feature_labels=feature_labels,
+        baseline=baseline,
+    )
+    if not bound.names:
+        raise ValueError("No scenarios to run: give scenarios, or baseline=True.")
+
+    # -- samples --
+    template, static = param_template(model, params)
+    x_hat = np.asarray(ravel_pytree(template[0])[0], np.float64)
+    if fit_obj is not None:
+        per_patch = {p.name for p in spec.parameters if p.per_patch}
+        labels, _ = leaf_labels(template[0], problem.patches, per_patch)
+        if tuple(labels) != tuple(fit_obj.labels):
+            raise ValueError(
+                "The fit's free parameters do not match its model's: "
+                f"{list(fit_obj.labels)[:8]} vs {labels[:8]}."
+            )
+    draws = draw_samples(x_hat, cov if samples else None, int(samples), seed=int(seed))
+    xs = np.concatenate([x_hat[None, :], draws])
+
+    solver_, controller = _solver(settings, solver, stepsize_controller, rtol, atol)
+    steps = int(max_steps or settings.get("max_steps") or 4096)
+    cfg = EnsembleConfig(
+        model=model,
+        n_patches=problem.n_patches,
+        n_days=horizon.n_days,
+        interval_of_day=tuple(int(v) for v in bound.interval_of_day),
+        parameters=bound.parameters,
+        transmission=bound.transmission,
+        observations=observations,
+        compartments=compartments,
+        solver=solver_,
+        controller=controller,
+        max_steps=steps,
+        dtype=str(np.dtype(problem.dtype)),
+        static=static,
+    )
+    attrs = {
+        **prov,
+        "samples": int(samples),
+        "seed": int(seed),
+        "solver": type(solver_).__name__,
+        "stepsize_controller": type(controller).__name__,
+        **(
+            {"rtol": float(controller.rtol), "atol": float(controller.atol)}
+            if isinstance(controller, PIDController)
+            else {}
+        ),
+        "max_steps": steps,
+        "scenarios_file": sset.source or "",
+        **(
+            {"scenarios_sha256": _sha256(Path(sset.source))}
+            if sset.source and Path(sset.source).exists()
+            else {}
+        ),
+    }
+    return PreparedForecast(
+        problem=problem,
+        bound=bound,
+        horizon=horizon,
+        quantiles=q,
+        config=cfg,
+        xs=xs,
+        template=template,
+        samples=int(samples),
+        observations=observations,
+        compartments=compartments,
+        attrs=attrs,
+    )
+
+
+def forecast(
+    fit: FitResult | str | os.PathLike | Problem,
+    scenarios: ScenariosLike = (),
+    *,
+    days: int | None = None,
+    samples: int = 100,
+    seed: int = 0,
+    quantiles: Sequence[float] = DEFAULT_QUANTILES,
+    compartments: Sequence[str] = (),
+    data: xr.Dataset | str | os.PathLike | None = None,
+    params=None,
+    covariance: np.ndarray | None = None,
+    baseline: bool = True,
+    solver: AbstractSolver | None = None,
+    stepsize_controller: AbstractStepSizeController | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    max_steps: int | None = None,
+    chunk_size: int | None = None,
+) -> xr.Dataset:
+    """Run scenarios over the uncertainty of a fitted model.
+
+    Every scenario runs from day 0 of the data to `days` days past its end,
+    for the point estimate and `samples` draws of the free parameters from the
+    fit's Laplace approximation (`Normal(x̂, covariance)` in unconstrained
+    coordinates); a `baseline` scenario carries the last observed covariates
+    forward. The draws are shared by all scenarios, so differences between
+    scenarios are not blurred by sampling noise.
+
+    Args:
+        fit: a [`FitResult`][epifit.FitResult], a `FIT.nc` path, or a
+            [`Problem`][epifit.Problem] with `params` (and `covariance` for
+            draws): a model bound to data without a fit.
+        scenarios: a `SCENARIOS.toml` path, the same as a mapping, one
+            [`Scenario`][epifit.forecasting.Scenario] or a list of them
+            (default: the baseline only).
+        days: forecast days past the data (default: the scenario file's).
+        samples: parameter draws (0: the point estimate only; every quantile
+            is then the point trajectory).
+        seed: seeds the draws.
+        quantiles: the levels to report.
+        compartments: compartments to report besides the observed series
+            (summed over stages).
+        data: the dataset, for a `FIT.nc` whose data file moved.
+        params: with a `Problem`: unconstrained parameters (default: the
+            model's initial values).
+        covariance: with a `Problem`: the covariance of the free
+            unconstrained vector (in `ravel_pytree` order of the free
+            parameters, as `FitResult.labels`).
+        baseline: include the `baseline` scenario first.
+        solver, stepsize_controller, rtol, atol, max_steps: the solve
+            (default: the fit's settings, Tsit5 with rtol 1e-6, atol 1e-9).
+        chunk_size: samples per compiled call (default: by memory).
+
+    Returns:
+        A Dataset with, for every observed series and chosen compartment `s`:
+        `s (scenario, quantile, time, patch)`, `s_total (scenario, quantile,
+        time)` (sum over patches), `estimate_s (scenario, time, patch)` (at the
+        point estimate); `peak_day_s`, `peak_s` (over the whole horizon) and
+        `cumulative_s` (over the forecast days) `(scenario, quantile, patch)`
+        with `_total` twins `(scenario, quantile)`; `observed_<name> (time,
+        patch)` for context; `failed_samples (scenario)`; and provenance
+        attributes (`epifit_kind = "forecast"`, fit file and hash, seed,
+        versions, the scenarios as JSON). Incidence has no value on day 0.
+
+    Raises:
+        ScenarioError: a scenario that does not fit the model, data or horizon.
+        ValueError: bad arguments, or draws without a usable covariance.
+        FileNotFoundError: a fit file that is missing or not bound to its data.
+        RuntimeError: the solve at the point estimate fails in a scenario.
+    """
+    prep = prepare_forecast(
+        fit,
+        scenarios,
+        days=days,
+        samples=samples,
+        seed=seed,
+        quantiles=quantiles,
+        compartments=compartments,
+        data=data,
+        params=params,
+        covariance=covariance,
+        baseline=baseline,
+        solver=solver,
+        stepsize_controller=stepsize_controller,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+    )
+    return prep.run(chunk_size=chunk_size)
+
+
+def _empty(scenarios) -> bool:
+    return isinstance(scenarios, tuple | list) and len(scenarios) == 0

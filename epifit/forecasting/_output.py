@@ -1,0 +1,158 @@
+"""A forecast as an xarray Dataset, and its JSON digest."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
+from epifit.fitting._result import library_versions
+
+__all__ = ["KIND", "STATISTICS", "forecast_dataset", "forecast_summary"]
+
+KIND = "forecast"
+STATISTICS = ("peak_day", "peak", "cumulative")
+
+
+def forecast_dataset(
+    *,
+    problem,
+    bound,
+    horizon,
+    quantiles,
+    per_scenario,
+    estimates,
+    failed,
+    series_names,
+    observations,
+    attrs,
+) -> xr.Dataset:
+    T = horizon.n_days
+    time = horizon.dates if horizon.dates is not None else np.arange(T)
+    coords = {
+        SCENARIO: list(bound.names),
+        "scenario_description": (SCENARIO, list(bound.descriptions)),
+        QUANTILE: quantiles,
+        TIME: time,
+        "day": (TIME, np.arange(T)),
+        PATCH: list(problem.patches),
+    }
+    data_vars: dict[str, Any] = {}
+    units = "as the model's series (counts, or fractions of each patch)"
+    for s in series_names:
+        kind = "observed series" if s in observations else "compartment (all stages)"
+        data_vars[s] = (
+            (SCENARIO, QUANTILE, TIME, PATCH),
+            np.stack([p[s] for p in per_scenario]),
+            {"long_name": f"quantiles of {kind} '{s}'", "units": units},
+        )
+        data_vars[f"{s}_total"] = (
+            (SCENARIO, QUANTILE, TIME),
+            np.stack([p[f"{s}_total"] for p in per_scenario]),
+            {"long_name": f"quantiles of '{s}' summed over patches"},
+        )
+        data_vars[f"estimate_{s}"] = (
+            (SCENARIO, TIME, PATCH),
+            np.stack([e[s] for e in estimates]),
+            {"long_name": f"'{s}' at the point estimate"},
+        )
+        for stat in STATISTICS:
+            what = {
+                "peak_day": "day of the peak (days since the first day)",
+                "peak": "peak value over the horizon",
+                "cumulative": "sum over the forecast days",
+            }[stat]
+            data_vars[f"{stat}_{s}"] = (
+                (SCENARIO, QUANTILE, PATCH),
+                np.stack([p[f"{stat}_{s}"] for p in per_scenario]),
+                {"long_name": f"quantiles of the {what} of '{s}'"},
+            )
+            data_vars[f"{stat}_{s}_total"] = (
+                (SCENARIO, QUANTILE),
+                np.stack([p[f"{stat}_{s}_total"] for p in per_scenario]),
+                {"long_name": f"quantiles of the {what} of '{s}' summed over patches"},
+            )
+    for name, obs in problem.observed.items():
+        o = np.where(np.asarray(problem.mask[name]), np.asarray(obs, float), np.nan)
+        if o.shape[0] != horizon.n_fit:
+            continue
+        full = np.full((T, o.shape[1]), np.nan)
+        full[: o.shape[0]] = o[:T]
+        data_vars[f"observed_{name}"] = (
+            (TIME, PATCH),
+            full,
+            {"long_name": f"observed '{name}' (the fit window)"},
+        )
+    data_vars["failed_samples"] = (
+        SCENARIO,
+        np.asarray(failed, np.int64),
+        {"long_name": "parameter draws whose solve failed (left out)"},
+    )
+    start_label = (
+        str(np.datetime_as_string(horizon.dates[horizon.n_fit], unit="D"))
+        if horizon.dates is not None and horizon.n_fit < T
+        else str(horizon.n_fit)
+    )
+    spec = problem.spec
+    full_attrs = {
+        "title": f"epifit forecast of model '{spec.name}'",
+        "epifit_kind": KIND,
+        "model": spec.name,
+        "model_file": str(problem.model_path or ""),
+        "data_file": str(problem.data_path or ""),
+        "days": int(T - horizon.n_fit),
+        "n_fit_days": int(horizon.n_fit),
+        "forecast_start": start_label,
+        "forecast_start_day": int(horizon.n_fit),
+        "series": json.dumps(list(series_names)),
+        "observations": json.dumps(list(observations)),
+        "scenarios": json.dumps(bound.definitions),
+        "baseline_rule": "the last observed day's covariates carried forward",
+        "time_units": "days since the first date",
+        **attrs,
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        **{f"version_{k}": v for k, v in library_versions().items()},
+    }
+    return xr.Dataset(data_vars, coords=coords, attrs=full_attrs)
+
+
+def forecast_summary(ds: xr.Dataset) -> dict[str, Any]:
+    """A JSON-ready digest of a forecast: per scenario and observed series,
+    the quantiles of the totals over patches (cumulative over the forecast
+    days, peak and peak day), and the failed draws."""
+    if ds.attrs.get("epifit_kind") != KIND:
+        raise ValueError("Not an epifit forecast (epifit_kind != 'forecast').")
+    series = json.loads(ds.attrs.get("observations", "[]"))
+    levels = [float(v) for v in ds[QUANTILE].values]
+    key = lambda v: f"{v:g}"  # noqa: E731
+    out: dict[str, Any] = {
+        "model": ds.attrs.get("model"),
+        "samples": int(ds.attrs.get("samples", 0)),
+        "seed": int(ds.attrs.get("seed", 0)),
+        "days": int(ds.attrs.get("days", 0)),
+        "forecast_start": ds.attrs.get("forecast_start"),
+        "quantiles": levels,
+        "scenarios": {},
+    }
+    for name in ds[SCENARIO].values:
+        rec: dict[str, Any] = {
+            "failed_samples": int(ds["failed_samples"].sel({SCENARIO: name}))
+        }
+        for s in series:
+            rec[s] = {
+                stat: {
+                    key(lv): float(v)
+                    for lv, v in zip(
+                        levels,
+                        ds[f"{stat}_{s}_total"].sel({SCENARIO: name}).values,
+                        strict=True,
+                    )
+                }
+                for stat in STATISTICS
+            }
+        out["scenarios"][str(name)] = rec
+    return out

@@ -1,0 +1,161 @@
+"""Fan charts of a forecast (matplotlib, imported lazily, Agg canvas)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
+
+__all__ = ["plot_forecast"]
+
+TOTAL = "all patches"
+
+
+def _bands(levels: np.ndarray) -> tuple[list[tuple[int, int]], int | None]:
+    """Index pairs of symmetric quantile levels (outermost first), and the
+    index of the median (or None)."""
+    n = levels.size
+    pairs = [
+        (i, n - 1 - i)
+        for i in range(n // 2)
+        if np.isclose(levels[i], 1.0 - levels[n - 1 - i])
+    ]
+    mid = np.flatnonzero(np.isclose(levels, 0.5))
+    return pairs, (int(mid[0]) if mid.size else None)
+
+
+def plot_forecast(
+    source: xr.Dataset | str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    patches: Sequence[str] | None = None,
+    series: Sequence[str] | None = None,
+) -> Any:
+    """Fan charts of a forecast: one column per scenario, one row per series
+    for all patches together and per chosen patch.
+
+    Each panel shades the bands between symmetric quantiles (the outermost
+    lightest), draws the median (else the point estimate) as a line and the
+    observations as points, with a dashed vertical line at the forecast start.
+    Panels of a row share their y axis, so scenarios compare at a glance.
+
+    Args:
+        source: a forecast Dataset or a `FORECAST.nc` path
+            (`epifit_kind = "forecast"`).
+        out: write the figure here (PNG, PDF or SVG by suffix) when given.
+        patches: patch labels to draw besides the total (default none).
+        series: the series to draw (default the observed series, else all).
+
+    Returns:
+        The `matplotlib.figure.Figure`.
+
+    Raises:
+        ValueError: not a forecast, or unknown patches or series.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from epifit.data import open_dataset
+
+    ds = open_dataset(source) if isinstance(source, str | os.PathLike) else source
+    if ds.attrs.get("epifit_kind") != "forecast":
+        raise ValueError(
+            f"Not an epifit forecast (epifit_kind = {ds.attrs.get('epifit_kind')!r}); "
+            "write one with `epifit forecast` or epifit.forecasting.forecast."
+        )
+    available = json.loads(ds.attrs.get("series", "[]"))
+    observed = json.loads(ds.attrs.get("observations", "[]"))
+    if series is None:
+        series = [s for s in observed if s in available] or available
+    unknown = [s for s in series if s not in available]
+    if unknown:
+        raise ValueError(
+            f"Unknown series {unknown}; the forecast has {', '.join(available)}"
+        )
+    labels = [str(p) for p in ds[PATCH].values]
+    patches = list(patches or [])
+    bad = [p for p in patches if p not in labels]
+    if bad:
+        shown = labels if len(labels) <= 20 else labels[:20] + ["..."]
+        raise ValueError(
+            f"Unknown patch(es) {bad}; the forecast has {len(labels)} patches: "
+            f"{', '.join(shown)}"
+        )
+    areas: list[str | None] = [None] + patches if len(labels) > 1 else [labels[0]]
+    scenarios = [str(s) for s in ds[SCENARIO].values]
+    levels = np.asarray(ds[QUANTILE].values, float)
+    pairs, mid = _bands(levels)
+    t = ds[TIME].values
+    start = int(ds.attrs.get("forecast_start_day", len(t)))
+    rows = [(s, a) for s in series for a in areas]
+    ncols = len(scenarios)
+    fig = Figure(
+        figsize=(3.4 * ncols + 0.6, 2.5 * len(rows) + 0.9), layout="constrained"
+    )
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(len(rows), ncols, squeeze=False, sharex=True, sharey="row")
+    for r, (s, area) in enumerate(rows):
+        if area is None:
+            q = ds[f"{s}_total"]
+            obs = ds.get(f"observed_{s}")
+            obs = None if obs is None else obs.sum(PATCH, min_count=1)
+            where = TOTAL
+        else:
+            q = ds[s].sel({PATCH: area})
+            obs = ds.get(f"observed_{s}")
+            obs = None if obs is None else obs.sel({PATCH: area})
+            where = area
+        for c, name in enumerate(scenarios):
+            ax = axes[r, c]
+            qs = np.asarray(q.sel({SCENARIO: name}).values, float)
+            for k, (lo, hi) in enumerate(pairs):
+                ax.fill_between(
+                    t,
+                    qs[lo],
+                    qs[hi],
+                    color="C0",
+                    alpha=0.18 + 0.22 * k / max(len(pairs), 1),
+                    lw=0,
+                    label=f"{100 * (levels[hi] - levels[lo]):g}% interval",
+                )
+            if mid is not None:
+                ax.plot(t, qs[mid], "-", color="C0", lw=1.5, label="median")
+            else:
+                est = ds[f"estimate_{s}"].sel({SCENARIO: name})
+                est = (
+                    est.sum(PATCH, min_count=1)
+                    if area is None
+                    else est.sel({PATCH: area})
+                )
+                ax.plot(t, est.values, "-", color="C0", lw=1.5, label="estimate")
+            if obs is not None:
+                ax.plot(t, obs.values, "o", ms=2.5, color="0.15", label="observed")
+            if start < len(t):
+                ax.axvline(t[start], color="0.4", ls="--", lw=1, label="forecast start")
+            ax.set_title(f"{name}: {s} — {where}", fontsize=9)
+            ax.tick_params(labelsize=7)
+            for label in ax.get_xticklabels():
+                label.set_rotation(30)
+            if r == 0 and c == 0:
+                ax.legend(fontsize=6.5, frameon=False, loc="upper left")
+    samples = ds.attrs.get("samples", 0)
+    fig.suptitle(
+        f"{ds.attrs.get('model', '')} forecast: {samples} parameter draws, "
+        f"{ds.attrs.get('days', '')} days from {ds.attrs.get('forecast_start', '')}",
+        fontsize=10,
+    )
+    if out is not None:
+        out = Path(out)
+        if not out.parent.is_dir():
+            raise FileNotFoundError(
+                f"Cannot write {out}: directory {out.parent} does not exist."
+            )
+        fig.savefig(out, dpi=110)
+    return fig

@@ -1,0 +1,63 @@
+"""Ensemble summaries: quantiles of trajectories, peaks and cumulative totals."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+__all__ = ["first_row", "summarize"]
+
+
+def first_row(name: str, incidence: frozenset[str]) -> int:
+    """The first day with a value: 1 for incidence (a change over a day)."""
+    return 1 if name in incidence else 0
+
+
+def summarize(
+    samples: Mapping[str, np.ndarray],
+    *,
+    quantiles: Sequence[float],
+    start: int,
+    incidence: frozenset[str],
+) -> dict[str, np.ndarray]:
+    """Quantiles over the sample axis of every series and of its statistics.
+
+    Args:
+        samples: `{series: (sample, time, patch)}`, the valid samples only.
+        quantiles: the levels.
+        start: the first forecast day (cumulative totals run from it on).
+        incidence: series with no value on day 0.
+
+    Returns:
+        For each series `s`: `s (quantile, time, patch)`, `s_total (quantile,
+        time)` (the sum over patches, per sample), and `peak_day_s`, `peak_s`
+        (over the whole horizon), `cumulative_s` (over the forecast days),
+        each `(quantile, patch)` with a `_total` twin `(quantile,)`. All NaN
+        when there are no samples.
+    """
+    q = np.asarray(quantiles, np.float64)
+    out: dict[str, np.ndarray] = {}
+    for name, a in samples.items():
+        a = np.asarray(a, np.float64)
+        k, T, P = a.shape
+        first = first_row(name, incidence)
+        if k == 0:
+            nan = lambda *shape: np.full((q.size, *shape), np.nan)  # noqa: E731
+            out[name], out[f"{name}_total"] = nan(T, P), nan(T)
+            for stat in ("peak_day", "peak", "cumulative"):
+                out[f"{stat}_{name}"], out[f"{stat}_{name}_total"] = nan(P), nan()
+            continue
+        total = a.sum(axis=2)
+        out[name] = np.quantile(a, q, axis=0)
+        out[f"{name}_total"] = np.quantile(total, q, axis=0)
+        for suffix, x in (("", a), ("_total", total)):
+            body = x[:, first:]
+            out[f"peak_day_{name}{suffix}"] = np.quantile(
+                first + np.argmax(body, axis=1), q, axis=0
+            )
+            out[f"peak_{name}{suffix}"] = np.quantile(body.max(axis=1), q, axis=0)
+            out[f"cumulative_{name}{suffix}"] = np.quantile(
+                x[:, max(start, first) :].sum(axis=1), q, axis=0
+            )
+    return out

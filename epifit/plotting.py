@@ -1,0 +1,168 @@
+"""Figures of fits and simulations (matplotlib, imported lazily).
+
+Figures are built on `matplotlib.figure.Figure` with the Agg canvas, so nothing
+here touches pyplot's global state or needs a display; in a notebook,
+`display(fig)` shows one.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+__all__ = ["plot_fit", "select_patches"]
+
+PATCH, TIME = "patch", "time"
+
+
+def _series(ds: xr.Dataset) -> list[tuple[str, str | None, str | None]]:
+    """`(title, predicted variable, observed variable)` for every panel row."""
+    out = []
+    for name in ds.data_vars:
+        if name.startswith("predicted_"):
+            obs = name[len("predicted_") :]
+            observed = f"observed_{obs}" if f"observed_{obs}" in ds else None
+            out.append((obs, name, observed))
+    for name in ds.data_vars:
+        if name.startswith("observed_") and f"predicted_{name[9:]}" not in ds:
+            out.append((name[9:], None, name))
+    if out:
+        return out
+    skip = ("predicted_", "observed_", "residual_")
+    return [
+        (name, name, None)
+        for name in ds.data_vars
+        if set(ds[name].dims) == {TIME, PATCH} and not name.startswith(skip)
+    ]
+
+
+def select_patches(
+    ds: xr.Dataset, patches: list[str] | None = None, max_patches: int = 12
+) -> tuple[list[str], str]:
+    """The patches to draw: the given ones (checked), or all of them up to
+    `max_patches`, else the `max_patches` with the largest observed (or
+    predicted) totals. Returns the labels and a note for the title."""
+    available = [str(p) for p in ds[PATCH].values] if PATCH in ds.coords else []
+    if patches:
+        unknown = [p for p in patches if p not in available]
+        if unknown:
+            shown = available if len(available) <= 20 else available[:20] + ["..."]
+            raise ValueError(
+                f"Unknown patch(es) {unknown}; the file has {len(available)} "
+                f"patches: {', '.join(shown)}"
+            )
+        return list(patches), ""
+    if len(available) <= max_patches:
+        return available, ""
+    weights = np.zeros(len(available))
+    for _, pred, obs in _series(ds):
+        var = ds[obs if obs is not None else pred]
+        weights += np.nan_to_num(var.sum(TIME, skipna=True).values)
+    order = np.argsort(-weights, kind="stable")[:max_patches]
+    chosen = [available[i] for i in sorted(order)]
+    return chosen, f"{max_patches} of {len(available)} patches (largest)"
+
+
+def plot_fit(
+    source: xr.Dataset | str | os.PathLike,
+    out: str | os.PathLike | None = None,
+    *,
+    patches: list[str] | None = None,
+    max_patches: int = 12,
+    columns: int = 4,
+) -> Any:
+    """Draw a fit (`FIT.nc`) or a simulation against its data.
+
+    One block of panels per observed series, one panel per patch (small
+    multiples, or the chosen `patches`): the model's prediction as a line and
+    the observations as dots; for a fit, a last panel with the loss history.
+
+    Args:
+        source: a dataset, or a netCDF file from `epifit calibrate` or
+            `epifit simulate`.
+        out: write the figure here (PNG, PDF or SVG by suffix) when given.
+        patches: labels of the patches to draw (default: all, or the
+            `max_patches` largest).
+        max_patches: the most patches drawn when none are chosen.
+        columns: panels per row.
+
+    Returns:
+        The `matplotlib.figure.Figure`.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    from epifit.data import open_dataset
+
+    ds = open_dataset(source) if isinstance(source, str | os.PathLike) else source
+    series = _series(ds)
+    if not series:
+        raise ValueError(
+            "Nothing to plot: the file has no predicted_/observed_ variables and no "
+            f"(time, patch) variables; found {sorted(map(str, ds.data_vars))}"
+        )
+    chosen, note = select_patches(ds, patches, max_patches)
+    if not chosen:
+        chosen = [None]
+    ncols = max(1, min(columns, len(chosen)))
+    rows_per = math.ceil(len(chosen) / ncols)
+    has_loss = "loss_history" in ds and ds["loss_history"].size > 0
+    nrows = rows_per * len(series) + (1 if has_loss else 0)
+    fig = Figure(figsize=(3.2 * ncols + 0.6, 2.4 * nrows + 0.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    grid = fig.add_gridspec(nrows, ncols)
+    t = ds[TIME].values
+    for k, (title, pred, obs) in enumerate(series):
+        for j, patch in enumerate(chosen):
+            r, c = k * rows_per + j // ncols, j % ncols
+            ax = fig.add_subplot(grid[r, c])
+            sel = {} if patch is None else {PATCH: patch}
+            if obs is not None:
+                y = ds[obs].sel(sel).values if sel else ds[obs].values
+                ax.plot(t, y, "o", ms=3, color="0.2", label="observed")
+            if pred is not None:
+                y = ds[pred].sel(sel).values if sel else ds[pred].values
+                ax.plot(t, y, "-", color="C0", lw=1.6, label="model")
+            name = title if patch is None else f"{title} — {patch}"
+            ax.set_title(name, fontsize=9)
+            ax.tick_params(labelsize=7)
+            for label in ax.get_xticklabels():
+                label.set_rotation(30)
+            if j == 0 and k == 0:
+                ax.legend(fontsize=7, frameon=False)
+    if has_loss:
+        ax = fig.add_subplot(grid[nrows - 1, :])
+        loss = np.asarray(ds["loss_history"].values, float)
+        it = np.arange(1, loss.size + 1)
+        finite = loss[np.isfinite(loss)]
+        ax.plot(it, loss, "-", color="C3", lw=1.4)
+        if finite.size and finite.min() > 0 and finite.max() > 10 * finite.min():
+            ax.set_yscale("log")
+        if "phase_history" in ds:
+            phase = np.asarray(ds["phase_history"].values)
+            for i in np.flatnonzero(np.diff(phase)) + 1:
+                ax.axvline(i + 0.5, color="0.6", ls=":", lw=1)
+        ax.set_xlabel("iteration", fontsize=8)
+        ax.set_ylabel("loss", fontsize=8)
+        ax.set_title("loss history", fontsize=9)
+        ax.tick_params(labelsize=7)
+    kind = ds.attrs.get("epifit_kind", "simulation")
+    head = f"{ds.attrs.get('model', '')} ({kind})"
+    if kind == "fit" and "loss" in ds.attrs:
+        head += f": loss {float(ds.attrs['loss']):.6g}"
+    if note:
+        head += f"; {note}"
+    fig.suptitle(head, fontsize=10)
+    if out is not None:
+        out = Path(out)
+        if not out.parent.is_dir():
+            raise FileNotFoundError(
+                f"Cannot write {out}: directory {out.parent} does not exist."
+            )
+        fig.savefig(out, dpi=110)
+    return fig

@@ -1,0 +1,197 @@
+"""Checkpoints: atomic writes, and resuming after SIGKILL to the same numbers."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import epifit
+from epifit.fitting import CheckpointError, _checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = REPO / "models" / "sir.toml"
+DATA = REPO / "data" / "boarding_school_1978.nc"
+# Adam then L-BFGS: both optimiser states (moments, schedule count, L-BFGS
+# memory and line-search state) must survive the round trip
+SETTINGS = dict(
+    optimizer=[
+        {"method": "adam", "iterations": 20, "learning_rate": 0.05},
+        {"method": "lbfgs", "iterations": 40},
+    ],
+    uncertainty=False,
+    progress=False,
+    rtol=1e-8,
+    atol=1e-8,
+)
+EVERY = 8
+# On CPU in float64 the resumed run repeats the same compiled iterations on the
+# same bits, so it agrees exactly; the issue asks for 1e-12.
+RTOL = 1e-12
+
+SCRIPT = """
+import os, signal, sys
+import jax
+jax.config.update("jax_enable_x64", True)
+import epifit
+from epifit.fitting import _checkpoint
+
+calls = 0
+
+def hook(tmp):
+    # called after half of the checkpoint has gone to its temporary file
+    global calls
+    calls += 1
+    if calls == {kill_at}:
+        open({marker!r}, "w").write(str(tmp))
+        os.kill(os.getpid(), signal.SIGKILL)
+
+if {kill_at}:
+    _checkpoint._hook = hook
+epifit.calibrate(
+    {model!r}, {data!r}, checkpoint={ckpt!r}, checkpoint_every={every}, **{settings}
+)
+print("finished")
+"""
+
+
+def script(tmp_path, ckpt, kill_at: int) -> Path:
+    path = tmp_path / "run.py"
+    path.write_text(
+        textwrap.dedent(
+            SCRIPT.format(
+                kill_at=kill_at,
+                marker=str(tmp_path / "killed"),
+                model=str(MODEL),
+                data=str(DATA),
+                ckpt=str(ckpt),
+                every=EVERY,
+                settings=repr(SETTINGS),
+            )
+        )
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def uninterrupted():
+    return epifit.calibrate(MODEL, DATA, **SETTINGS)
+
+
+def assert_same(a, b):
+    assert a.iterations == b.iterations
+    np.testing.assert_allclose(a.x, b.x, rtol=RTOL, atol=0)
+    assert a.loss == pytest.approx(b.loss, rel=RTOL, abs=0)
+    np.testing.assert_allclose(a.loss_history, b.loss_history, rtol=RTOL, atol=0)
+    np.testing.assert_allclose(
+        a.grad_norm_history, b.grad_norm_history, rtol=RTOL, atol=0
+    )
+    np.testing.assert_array_equal(a.phase_history, b.phase_history)
+    assert a.converged == b.converged and a.message == b.message
+
+
+def test_uninterrupted_run_needs_both_phases(uninterrupted):
+    # the kill below (third checkpoint, iteration 24) falls in the L-BFGS phase
+    assert uninterrupted.iterations > 3 * EVERY
+    assert set(uninterrupted.phase_history.tolist()) == {0, 1}
+
+
+def test_resume_after_sigkill_mid_write(tmp_path, uninterrupted):
+    ckpt = tmp_path / "FIT.ckpt"
+    proc = subprocess.run(
+        [sys.executable, str(script(tmp_path, ckpt, kill_at=3))],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    # killed with half a checkpoint in its temporary file: the previous one
+    # (iteration 16) is intact
+    partial = Path((tmp_path / "killed").read_text())
+    assert partial.exists() and partial.stat().st_size > 0
+    assert _checkpoint.checkpoint_phase(ckpt) == 0
+    resumed = epifit.calibrate(
+        MODEL, DATA, checkpoint=ckpt, checkpoint_every=EVERY, resume=True, **SETTINGS
+    )
+    assert not partial.exists()  # stale temporary files are cleaned up
+    assert_same(resumed, uninterrupted)
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill_from_outside(tmp_path, uninterrupted):
+    """Killed by another process at an arbitrary moment after the first
+    checkpoint; resumed twice in a row (the second resume is a no-op)."""
+    ckpt = tmp_path / "FIT.ckpt"
+    proc = subprocess.Popen(
+        [sys.executable, str(script(tmp_path, ckpt, kill_at=0))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+    )
+    deadline = time.monotonic() + 300
+    while not ckpt.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    if not ckpt.exists():
+        pytest.fail(f"no checkpoint was written: {proc.stderr.read().decode()}")
+    resumed = epifit.calibrate(
+        MODEL, DATA, checkpoint=ckpt, checkpoint_every=EVERY, resume=True, **SETTINGS
+    )
+    assert_same(resumed, uninterrupted)
+
+
+def test_checkpoint_of_another_fit_is_refused(tmp_path):
+    ckpt = tmp_path / "FIT.ckpt"
+    one = dict(SETTINGS, optimizer=[{"method": "adam", "iterations": 4}])
+    epifit.calibrate(MODEL, DATA, checkpoint=ckpt, checkpoint_every=2, **one)
+    other = dict(one, rtol=1e-7)
+    with pytest.raises(CheckpointError, match="belongs to a different fit"):
+        epifit.calibrate(
+            MODEL, DATA, checkpoint=ckpt, checkpoint_every=2, resume=True, **other
+        )
+
+
+def test_atomic_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    """An exception in the middle of a write leaves the previous checkpoint
+    and no temporary file."""
+    path = tmp_path / "x.ckpt"
+    carry = {"a": jnp.arange(3.0), "b": jnp.ones((2, 2), jnp.int32)}
+    record = {
+        "history": {"loss": [np.arange(4.0)]},
+        "initial_loss": np.array([1.0]),
+        "phase": 0,
+        "phase_iteration": 4,
+        "iteration": 4,
+        "elapsed": 0.1,
+        "statuses": [],
+    }
+    _checkpoint.save_checkpoint(path, carry, record, "key")
+    before = path.read_bytes()
+
+    def boom(tmp):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_checkpoint, "_hook", boom)
+    record2 = dict(record, iteration=8)
+    with pytest.raises(KeyboardInterrupt):
+        _checkpoint.save_checkpoint(path, carry, record2, "key")
+    assert path.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [path]
+    monkeypatch.setattr(_checkpoint, "_hook", None)
+    template = {"a": jnp.zeros(3), "b": jnp.zeros((2, 2), jnp.int32)}
+    back = _checkpoint.load_checkpoint(path, template, "key")
+    np.testing.assert_array_equal(back["carry"]["a"], carry["a"])
+    assert back["record"]["iteration"] == 4
+    with pytest.raises(CheckpointError, match="different fit"):
+        _checkpoint.load_checkpoint(path, template, "other")
+    os.truncate(path, 10)
+    with pytest.raises(CheckpointError, match="Cannot read checkpoint"):
+        _checkpoint.load_checkpoint(path, template, "key")

@@ -1,0 +1,63 @@
+"""`epifit plot` and `epifit.plotting`: figures of fits and simulations."""
+
+from pathlib import Path
+
+import pytest
+
+import epifit
+from epifit.cli import main
+from epifit.plotting import plot_fit, select_patches
+
+REPO = Path(__file__).resolve().parents[1]
+MODEL = REPO / "models" / "sir.toml"
+DATA = REPO / "data" / "boarding_school_1978.nc"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_cache(monkeypatch):
+    monkeypatch.setenv("EPIFIT_NO_CACHE", "1")
+
+
+@pytest.fixture(scope="module")
+def fit_file(tmp_path_factory):
+    res = epifit.calibrate(MODEL, DATA, progress=False)
+    return res.to_netcdf(tmp_path_factory.mktemp("fit") / "FIT.nc")
+
+
+def is_png(path: Path) -> bool:
+    return path.exists() and path.stat().st_size > 1000 and path.read_bytes()[:8] == PNG
+
+
+def test_plot_a_fit(fit_file, tmp_path, capsys):
+    out = tmp_path / "fit.png"
+    assert main(["plot", str(fit_file), "--out", str(out)]) == 0
+    assert is_png(out)
+    assert capsys.readouterr().out.strip() == f"wrote {out}"
+    fig = plot_fit(fit_file)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert "in_bed — p0" in titles and "loss history" in titles
+
+
+def test_plot_a_simulation_with_patches(tmp_path, capsys):
+    sim = tmp_path / "sim.nc"
+    argv = ["simulate", str(MODEL), "--out", str(sim), "--days", "30"]
+    assert main([*argv, "--patches", "3"]) == 0
+    out = tmp_path / "sim.png"
+    assert main(["plot", str(sim), "--out", str(out), "--patches", "p0,p2"]) == 0
+    assert is_png(out)
+    fig = plot_fit(sim, patches=["p0", "p2"])
+    assert [ax.get_title() for ax in fig.axes] == ["in_bed — p0", "in_bed — p2"]
+    chosen, note = select_patches(epifit.open_dataset(sim), max_patches=2)
+    assert len(chosen) == 2 and note == "2 of 3 patches (largest)"
+    capsys.readouterr()
+    assert main(["plot", str(sim), "--out", str(out), "--patches", "p0,zz"]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown patch(es) ['zz']; the file has 3 patches: p0, p1, p2" in err
+
+
+def test_plot_missing_file(tmp_path, capsys):
+    assert (
+        main(["plot", str(tmp_path / "no.nc"), "--out", str(tmp_path / "a.png")]) == 2
+    )
+    assert "does not exist" in capsys.readouterr().err
