@@ -2,7 +2,8 @@
 
 The curated top level; the layers live in `epifit.ode` (the ODE core),
 `epifit.model` (declarative models), `epifit.data` (datasets and observation
-models) and `epifit.fitting` (binding, simulation, calibration).
+models), `epifit.fitting` (binding, simulation, calibration) and
+`epifit.forecasting` (scenarios and ensembles).
 """
 
 from epifit._jit import jit as jit
@@ -13,6 +14,7 @@ from epifit.fitting import FitResult as FitResult
 from epifit.fitting import Problem as Problem
 from epifit.fitting import calibrate as calibrate
 from epifit.fitting import simulate as simulate
+from epifit.forecasting import forecast as forecast
 from epifit.model import ModelBuilder as ModelBuilder
 from epifit.model import ModelSpecError as ModelSpecError
 from epifit.model import compile_model as compile_model

@@ -12,7 +12,9 @@ from epifit.forecasting._bind import Horizon as Horizon
 from epifit.forecasting._bind import bind_scenarios as bind_scenarios
 from epifit.forecasting._bind import carry_forward as carry_forward
 from epifit.forecasting._ensemble import EnsembleConfig as EnsembleConfig
+from epifit.forecasting._ensemble import default_chunk as default_chunk
 from epifit.forecasting._ensemble import draw_samples as draw_samples
+from epifit.forecasting._ensemble import iter_ensemble as iter_ensemble
 from epifit.forecasting._ensemble import param_template as param_template
 from epifit.forecasting._ensemble import run_ensemble as run_ensemble
 from epifit.forecasting._forecast import DEFAULT_QUANTILES as DEFAULT_QUANTILES

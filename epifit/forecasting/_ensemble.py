@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import equinox as eqx
@@ -46,6 +46,7 @@ from epifit.ode import (
 __all__ = [
     "EnsembleConfig",
     "draw_samples",
+    "iter_ensemble",
     "param_template",
     "run_ensemble",
 ]
@@ -326,6 +327,42 @@ def default_chunk(cfg: EnsembleConfig, n: int, backend: str | None = None) -> in
     return int(max(1, min(n, chunk)))
 
 
+def iter_ensemble(
+    cfg: EnsembleConfig,
+    xs: np.ndarray,
+    template,
+    scenarios: Iterable[Mapping[str, Any]],
+    *,
+    chunk_size: int | None = None,
+) -> Iterator[tuple[dict[str, np.ndarray], np.ndarray]]:
+    """[`run_ensemble`][], one scenario at a time (so a caller that summarises
+    each scenario as it comes holds one scenario's trajectories at most)."""
+    fn = _compiled(cfg)
+    xs = np.asarray(xs)
+    K = xs.shape[0]
+    C = default_chunk(cfg, K) if chunk_size is None else int(chunk_size)
+    if C < 1:
+        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
+    C = min(C, K)
+    pad = (-K) % C
+    xs = np.concatenate([xs, np.repeat(xs[-1:], pad, axis=0)]) if pad else xs
+    xs = jnp.asarray(xs, cfg.dtype)
+    template = jax.tree.map(lambda a: jnp.asarray(a, cfg.dtype), template)
+    for data in scenarios:
+        data = jax.tree.map(_device(cfg.dtype), data)
+        out: dict[str, np.ndarray] = {}
+        results = np.zeros(K, np.int64)
+        for k in range(0, K + pad, C):
+            series, result = fn(xs[k : k + C], template, data)
+            n = min(C, K - k)
+            for name, a in series.items():
+                if name not in out:  # filled chunk by chunk: no copies
+                    out[name] = np.empty((K, *a.shape[1:]), a.dtype)
+                out[name][k : k + n] = np.asarray(a)[:n]
+            results[k : k + n] = np.asarray(result)[:n]
+        yield out, results
+
+
 def run_ensemble(
     cfg: EnsembleConfig,
     xs: np.ndarray,
@@ -349,30 +386,7 @@ def run_ensemble(
         Per scenario, `({series: (sample, time, patch)}, results (sample,))`
         as NumPy arrays; a failed solve has result != 0 and NaN states.
     """
-    fn = _compiled(cfg)
-    xs = np.asarray(xs)
-    K = xs.shape[0]
-    C = default_chunk(cfg, K) if chunk_size is None else int(chunk_size)
-    if C < 1:
-        raise ValueError(f"chunk_size must be >= 1; got {chunk_size}")
-    C = min(C, K)
-    pad = (-K) % C
-    xs = np.concatenate([xs, np.repeat(xs[-1:], pad, axis=0)]) if pad else xs
-    xs = jnp.asarray(xs, cfg.dtype)
-    template = jax.tree.map(lambda a: jnp.asarray(a, cfg.dtype), template)
-    out = []
-    for data in scenarios:
-        data = jax.tree.map(_device(cfg.dtype), data)
-        parts, results = [], []
-        for k in range(0, K + pad, C):
-            series, result = fn(xs[k : k + C], template, data)
-            parts.append(jax.tree.map(np.asarray, series))
-            results.append(np.asarray(result))
-        merged = {
-            name: np.concatenate([p[name] for p in parts])[:K] for name in parts[0]
-        }
-        out.append((merged, np.concatenate(results)[:K]))
-    return out
+    return list(iter_ensemble(cfg, xs, template, scenarios, chunk_size=chunk_size))
 
 
 def _device(dtype: str):

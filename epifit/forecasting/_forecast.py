@@ -6,7 +6,7 @@ import dataclasses
 import hashlib
 import os
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +22,8 @@ from epifit.forecasting._bind import BoundScenarios, Horizon, bind_scenarios
 from epifit.forecasting._ensemble import (
     EnsembleConfig,
     draw_samples,
+    iter_ensemble,
     param_template,
-    run_ensemble,
 )
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
@@ -148,7 +148,7 @@ class PreparedForecast:
 
     def run(self, *, chunk_size: int | None = None) -> xr.Dataset:
         """Run the ensemble and summarise it (what [`forecast`][] returns)."""
-        runs = run_ensemble(
+        runs = iter_ensemble(
             self.config,
             self.xs,
             self.template,
@@ -157,8 +157,9 @@ class PreparedForecast:
         )
         return self.summarize(runs)
 
-    def summarize(self, runs) -> xr.Dataset:
-        """The Dataset from [`run_ensemble`][]'s output."""
+    def summarize(self, runs: Iterable) -> xr.Dataset:
+        """The Dataset from [`run_ensemble`][]'s output (or
+        [`iter_ensemble`][]'s, consumed one scenario at a time)."""
         cfg, xs, samples, q = self.config, self.xs, self.samples, self.quantiles
         observations, compartments = self.observations, self.compartments
         n_fit = self.horizon.n_fit
@@ -180,7 +181,10 @@ class PreparedForecast:
             estimates.append({s: series[s][0] for s in series_names})
             use = ok[1:] if samples else ok[:1]
             pick = slice(1, None) if samples else slice(0, 1)
-            chosen = {s: series[s][pick][use] for s in series_names}
+            chosen = {
+                s: series[s][pick] if use.all() else series[s][pick][use]
+                for s in series_names
+            }
             failed.append(int(np.sum(~ok[1:])))
             if samples and not np.any(use):
                 warnings.warn(
@@ -407,7 +411,8 @@ def forecast(
         baseline: include the `baseline` scenario first.
         solver, stepsize_controller, rtol, atol, max_steps: the solve
             (default: the fit's settings, Tsit5 with rtol 1e-6, atol 1e-9).
-        chunk_size: samples per compiled call (default: by memory).
+        chunk_size: samples per compiled call (default: by memory and, on
+            CPU, by state size; see `epifit.forecasting.default_chunk`).
 
     Returns:
         A Dataset with, for every observed series and chosen compartment `s`:
