@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
 import math
@@ -52,6 +53,8 @@ def _toml_value(v: Any) -> str:
         return repr(v)
     if isinstance(v, str):
         return json.dumps(v, ensure_ascii=False)
+    if isinstance(v, datetime.date | datetime.time):  # TOML's own date/time values
+        return v.isoformat()
     if isinstance(v, list | tuple):
         return "[" + ", ".join(_toml_value(x) for x in v) + "]"
     if isinstance(v, Mapping):

@@ -156,12 +156,15 @@ def test_netcdf_round_trip(fit, tmp_path):
     np.testing.assert_allclose(pred, fit.trajectories["predicted_in_bed"][:, 0])
 
 
-def test_fixed_override():
+def test_fixed_override(tmp_path):
     """A fit config fixes I0 at 1: beta and gamma agree with SciPy's fit of the
-    same two-parameter problem."""
+    same two-parameter problem (started from values in a JSON file)."""
+    start = tmp_path / "start.json"
+    start.write_text('{"beta": 1.5, "gamma": 0.3}')
     res = epifit.calibrate(
         Problem(MODEL, DATA),
         fit={"parameters": {"I0": {"value": 1.0, "fixed": True}}},
+        values=start,
         uncertainty=False,
         progress=False,
         **FIT_TOL,
@@ -179,6 +182,18 @@ def test_fixed_override():
     assert res.parameters["beta"] == pytest.approx(r.x[0], rel=1e-5)
     assert res.parameters["gamma"] == pytest.approx(r.x[1], rel=1e-5)
     assert np.isnan(res.table[1]["se"])  # no uncertainty asked for
+
+
+def test_restart_from_a_fit(fit):
+    """Started at a previous optimum, Levenberg-Marquardt stops at once there."""
+    res = epifit.calibrate(
+        MODEL, DATA, init=fit, uncertainty=False, progress=False, **FIT_TOL
+    )
+    assert res.iterations <= 6
+    assert res.initial_losses[0] == pytest.approx(fit.loss, rel=1e-12)
+    assert res.parameters == pytest.approx(fit.parameters, rel=1e-9)
+    with pytest.raises(TypeError, match="For constrained values use values="):
+        epifit.calibrate(MODEL, DATA, init={"beta": 2.0}, progress=False)
 
 
 def test_loss_matches_the_definition(fit):

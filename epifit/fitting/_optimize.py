@@ -130,9 +130,9 @@ class Optimizer:
             return jax.vmap(fn)(x, f, g)
         if isinstance(method, AbstractLeastSquaresMethod):
             r, J, *_ = self.fun.compiled("jacobian_and_solution")(x, data)
-            return jax.jit(jax.vmap(method.init_from_jacobian))(x, r, J)
+            return jit(jax.vmap(method.init_from_jacobian))(x, r, J)
         fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
-        return jax.jit(jax.vmap(fn))(x, f, g)
+        return jit(jax.vmap(fn))(x, f, g)
 
     def _chunk_fn(self, p: int):
         if p in self._chunks:
