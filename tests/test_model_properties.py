@@ -283,7 +283,9 @@ def set_at(data, path, value):
 def shipped_descriptions():
     import tomllib
 
-    return [tomllib.loads(p.read_text()) for p in sorted(MODELS.glob("*.toml"))]
+    docs = [tomllib.loads(p.read_text()) for p in sorted(MODELS.glob("*.toml"))]
+    # models/ also holds fit configurations and scenario files: models only
+    return [d for d in docs if "compartments" in d]
 
 
 descriptions = st.one_of(
