@@ -6,6 +6,7 @@ import dataclasses
 import statistics
 import time
 
+import equinox as eqx
 import jax
 import numpy as np
 from jax.flatten_util import ravel_pytree
@@ -100,9 +101,15 @@ def audit_adjoints(
     params = problem.init_params() if params is None else params
     adjoints = default_adjoints() if adjoints is None else adjoints
     arrays = problem.arrays
+    # neural sub-models carry non-array leaves (activations): differentiate the
+    # inexact arrays only, with the rest closed over
+    params, static = eqx.partition(params, eqx.is_inexact_array)
     n_params = ravel_pytree(params)[0].size
 
-    ref_loss = make_objective(problem, rtol=rtol * 1e-4, atol=atol * 1e-4)
+    def with_static(loss):
+        return lambda p, a: loss(eqx.combine(p, static), a)
+
+    ref_loss = with_static(make_objective(problem, rtol=rtol * 1e-4, atol=atol * 1e-4))
     _, g_ref = jax.jit(jax.value_and_grad(ref_loss))(params, arrays)
     g_ref = np.asarray(ravel_pytree(g_ref)[0], np.float64)
     ref_norm = max(np.linalg.norm(g_ref), np.finfo(np.float64).tiny)
@@ -117,7 +124,9 @@ def audit_adjoints(
             )
             records.append(rec)
             continue
-        loss = make_objective(problem, adjoint=adjoint, rtol=rtol, atol=atol)
+        loss = with_static(
+            make_objective(problem, adjoint=adjoint, rtol=rtol, atol=atol)
+        )
         try:
             t = time.perf_counter()
             compiled = jax.jit(jax.value_and_grad(loss)).lower(params, arrays).compile()
