@@ -12,6 +12,7 @@ import importlib.util
 import json
 
 import equinox as eqx
+import jax
 import numpy as np
 import pytest
 import xarray as xr
@@ -371,3 +372,24 @@ def test_committed_dataset(model):
         (7, 7),
         (1, 7),
     ]
+
+
+def test_load_params_keeps_neural_submodels(generated):
+    """Overriding some rates of a model with an MLP keeps the MLP as it was;
+    naming the MLP in the values is a clear error."""
+    from epifit.data import DataError
+    from epifit.fitting import load_params
+
+    problem = Problem(MODEL, generated[0])
+    base = problem.init_params()
+    params = load_params(problem, {"kappa": 0.6, "gamma": 1.4})
+    values = problem.model.constrain(params)
+    assert np.isclose(float(values["kappa"]), 0.6)
+    assert np.isclose(float(values["gamma"]), 1.4)
+    leaves = [
+        jax.tree_util.tree_leaves(eqx.filter(p["beta"], eqx.is_array))
+        for p in (params, base)
+    ]
+    assert len(leaves[0]) == 8 and tree_allclose(leaves[0], leaves[1], rtol=0.0)
+    with pytest.raises(DataError, match="'beta'.*neural sub-model"):
+        load_params(problem, {"beta": 0.3})

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import warnings
-from pathlib import Path
+
+from epifit._paths import existing_file, output_file
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,28 +43,15 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
 
-def _existing(path: str, what: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{what} file {p} does not exist.")
-    if p.is_dir():
-        raise IsADirectoryError(f"{what} path {p} is a directory, not a file.")
-    return p
-
-
 def _run(a) -> int:
     from epifit.data import write_dataset
     from epifit.fitting import calibrate
     from epifit.fitting._checkpoint import checkpoint_path
 
-    model = _existing(a.model, "Model")
-    data = _existing(a.data, "Data")
-    fit = _existing(a.fit, "Fit configuration") if a.fit else None
-    out = Path(a.out)
-    if not out.parent.is_dir():
-        raise FileNotFoundError(
-            f"Cannot write {out}: directory {out.parent} does not exist."
-        )
+    model = existing_file(a.model, "Model")
+    data = existing_file(a.data, "Data")
+    fit = existing_file(a.fit, "Fit configuration") if a.fit else None
+    out = output_file(a.out)
     if a.checkpoint_every is not None and a.checkpoint_every < 1:
         raise ValueError(f"--checkpoint-every must be >= 1; got {a.checkpoint_every}")
     use_checkpoint = a.resume or a.checkpoint_every is not None

@@ -4,16 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
-
-def _existing(path: str, what: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{what} file {p} does not exist.")
-    if p.is_dir():
-        raise IsADirectoryError(f"{what} path {p} is a directory, not a file.")
-    return p
+from epifit._paths import existing_file
 
 
 # ----------------------------------------------------------------- simulate
@@ -33,9 +25,9 @@ def _simulate(a) -> int:
     from epifit.data import write_dataset
     from epifit.fitting import simulate
 
-    model = _existing(a.model, "Model")
-    data = _existing(a.data, "Data") if a.data else None
-    params = _existing(a.params, "Parameter") if a.params else None
+    model = existing_file(a.model, "Model")
+    data = existing_file(a.data, "Data") if a.data else None
+    params = existing_file(a.params, "Parameter") if a.params else None
     ds = simulate(
         model,
         data,
@@ -80,9 +72,9 @@ def _adjoints_args(p: argparse.ArgumentParser) -> None:
 def _adjoints(a) -> int:
     from epifit.fitting import Problem, audit_adjoints, load_params
 
-    problem = Problem(_existing(a.model, "Model"), _existing(a.data, "Data"))
+    problem = Problem(existing_file(a.model, "Model"), existing_file(a.data, "Data"))
     params = load_params(
-        problem, _existing(a.params, "Parameter") if a.params else None
+        problem, existing_file(a.params, "Parameter") if a.params else None
     )
     audit = audit_adjoints(problem, params, rtol=a.rtol, atol=a.atol, repeats=a.repeats)
     if a.json:

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from epifit._paths import existing_file
 
 HELP = "convert data tables to datasets (epifit data import TABLE.csv --out DATA.nc)"
 
@@ -57,11 +58,7 @@ def run(a: argparse.Namespace) -> int:
 def _import(a: argparse.Namespace) -> int:
     from epifit.data import from_csv, write_dataset
 
-    table = Path(a.table)
-    if not table.exists():
-        raise FileNotFoundError(f"CSV file {table} does not exist.")
-    if table.is_dir():
-        raise IsADirectoryError(f"CSV path {table} is a directory, not a file.")
+    table = existing_file(a.table, "CSV")
     values = None if a.values is None else _names(a.values)
     attrs = {"source": table.name, **_attrs(a.attr)}
     ds = from_csv(

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
+
+from epifit._paths import existing_file, output_file
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,15 +46,6 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
 
-def _existing(path: str, what: str) -> Path:
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"{what} file {p} does not exist.")
-    if p.is_dir():
-        raise IsADirectoryError(f"{what} path {p} is a directory, not a file.")
-    return p
-
-
 def _list(text: str | None) -> list[str]:
     return [x.strip() for x in (text or "").split(",") if x.strip()]
 
@@ -62,14 +54,10 @@ def _run(a) -> int:
     from epifit.data import write_dataset
     from epifit.forecasting import DEFAULT_QUANTILES, forecast, forecast_summary
 
-    fit = _existing(a.fit, "Fit")
-    scenarios = _existing(a.scenarios, "Scenario") if a.scenarios else ()
-    data = _existing(a.data, "Data") if a.data else None
-    out = Path(a.out)
-    if not out.parent.is_dir():
-        raise FileNotFoundError(
-            f"Cannot write {out}: directory {out.parent} does not exist."
-        )
+    fit = existing_file(a.fit, "Fit")
+    scenarios = existing_file(a.scenarios, "Scenario") if a.scenarios else ()
+    data = existing_file(a.data, "Data") if a.data else None
+    out = output_file(a.out)
     try:
         quantiles = [float(x) for x in _list(a.quantiles)] or DEFAULT_QUANTILES
     except ValueError:

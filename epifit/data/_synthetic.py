@@ -24,7 +24,8 @@ import numpy as np
 import xarray as xr
 
 from epifit.data._schema import FEATURE, PATCH, PATCH_TO, POPULATION, STAGE, TIME
-from epifit.model import CompiledModel, ModelSpec, compile_model, load_model
+from epifit.model import CompiledModel, ModelSpec
+from epifit.model._vector_field import as_model
 from epifit.ode import PIDController, Tsit5, solve
 
 __all__ = ["synthetic_metapopulation"]
@@ -139,7 +140,7 @@ def synthetic_metapopulation(
         >>> bool(ds["new_deaths"].isel(time=0).isnull().all())
         True
     """
-    compiled = _as_model(model)
+    compiled = as_model(model)
     spec = compiled.spec
     _check_arguments(n_patches, n_days, seed, noise, dispersion)
     if dispersion is None:
@@ -194,19 +195,6 @@ def synthetic_metapopulation(
 
 
 # -- arguments ----------------------------------------------------------------------
-def _as_model(model) -> CompiledModel:
-    if isinstance(model, CompiledModel):
-        return model
-    if isinstance(model, ModelSpec):
-        return compile_model(model)
-    if isinstance(model, str | os.PathLike):
-        return compile_model(load_model(model))
-    raise TypeError(
-        "model must be a path to a TOML file, a ModelSpec or a CompiledModel; got "
-        f"{type(model).__name__}."
-    )
-
-
 def _check_arguments(n_patches, n_days, seed, noise, dispersion) -> None:
     if isinstance(seed, bool) or not isinstance(seed, int | np.integer):
         raise TypeError(f"seed must be an int; got {seed!r}.")

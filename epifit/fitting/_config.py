@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -200,19 +198,7 @@ class FitConfig:
 def load_fit_config(path: str | os.PathLike) -> FitConfig:
     """Read and validate a `FIT.toml` file."""
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"Fit configuration file {path} does not exist.")
-    if path.is_dir():
-        raise IsADirectoryError(f"Fit configuration path {path} is a directory.")
-    text = path.read_text()
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        match = re.search(r"line (\d+)", str(e))
-        line = match.group(1) if match else max(1, len(text.splitlines()))
-        raise FitConfigError(
-            f"invalid TOML: {e}", file=str(path), location=f"line {line}"
-        ) from None
+    data = _Reader(str(path)).toml_file(path, "Fit configuration")
     return parse_fit_config(data, file=str(path))
 
 

@@ -30,6 +30,7 @@ from epifit.fitting._config import FitConfig, FitConfigError, PriorConfig
 from epifit.fitting._problem import Problem
 from epifit.fitting._simulate import load_params
 from epifit.model import compile_model
+from epifit.model._reader import read_values_file
 from epifit.model._transform import bounds_error, default_bounds, value_error
 
 __all__ = [
@@ -332,7 +333,13 @@ def starting_params(problem: Problem, init, values) -> dict:
     if values is None:
         return params
     if isinstance(values, str | os.PathLike):
-        given = read_values(Path(values))
+        path = Path(values)
+        given = read_values_file(
+            path,
+            lambda e: FitConfigError(
+                f"cannot parse parameter values: {e}", file=str(path)
+            ),
+        )
     elif isinstance(values, Mapping):
         given = dict(values)
     else:
@@ -341,26 +348,6 @@ def starting_params(problem: Problem, init, values) -> dict:
         )
     new = load_params(problem, given)  # validates names and shapes
     return {**params, **{k: new[k] for k in given}}
-
-
-def read_values(path: Path) -> dict:
-    if not path.exists():
-        raise FileNotFoundError(f"Parameter file {path} does not exist.")
-    text = path.read_text()
-    try:
-        if path.suffix == ".json":
-            import json
-
-            data = json.loads(text)
-        else:
-            import tomllib
-
-            data = tomllib.loads(text)
-    except ValueError as e:
-        raise FitConfigError(
-            f"cannot parse parameter values: {e}", file=str(path)
-        ) from None
-    return dict(data.get("parameters", data))
 
 
 def free_entries(params, mask) -> np.ndarray:

@@ -19,29 +19,9 @@ from epifit.data import (
     open_dataset,
     validate_dataset,
 )
-from epifit.model import (
-    CompiledModel,
-    ModelSpec,
-    SparseCoupling,
-    compile_model,
-    load_model,
-    sparse_coupling,
-)
+from epifit.model import ModelSpec, SparseCoupling, sparse_coupling
+from epifit.model._vector_field import as_model
 from epifit.ode import PIDController, Solution, Tsit5, solve
-
-
-def as_model(model: str | os.PathLike | ModelSpec | CompiledModel) -> CompiledModel:
-    """A compiled model from a TOML path, a spec or a compiled model."""
-    if isinstance(model, CompiledModel):
-        return model
-    if isinstance(model, ModelSpec):
-        return compile_model(model)
-    if isinstance(model, str | os.PathLike):
-        return compile_model(load_model(model))
-    raise TypeError(
-        "model must be a path to a TOML file, a ModelSpec or a CompiledModel; got "
-        f"{type(model).__name__}."
-    )
 
 
 def _sha256(path: str | os.PathLike | None) -> str | None:

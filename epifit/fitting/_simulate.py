@@ -31,33 +31,29 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
     if source is None:
         return params
     if isinstance(source, str | os.PathLike):
+        from epifit.model._reader import read_values_file
+
         path = Path(source)
-        if not path.exists():
-            raise FileNotFoundError(f"Parameter file {path} does not exist.")
-        text = path.read_text()
-        try:
-            if path.suffix == ".json":
-                import json
-
-                values = json.loads(text)
-            else:
-                import tomllib
-
-                values = tomllib.loads(text)
-        except ValueError as e:
-            raise DataError(f"{path}: cannot parse parameters: {e}") from e
-        values = values.get("parameters", values)
+        values = read_values_file(
+            path, lambda e: DataError(f"{path}: cannot parse parameters: {e}")
+        )
         where = str(path)
     else:
         values, where = dict(source), "params"
     known = {p.name for p in problem.spec.parameters}
+    neural = {n.name for n in problem.spec.neural}
+    if set(values) & neural:
+        raise DataError(
+            f"{where}: {sorted(set(values) & neural)} are neural sub-models; their "
+            "weights come from a fit (FIT.nc), not from a table of values"
+        )
     unknown = sorted(set(values) - known)
     if unknown:
         raise DataError(
             f"{where}: unknown parameters {unknown}; the model has {sorted(known)}"
         )
     current = problem.model.constrain(params)
-    merged = {k: current[k] for k in known}
+    merged = {k: current[k] for k in known | neural}
     for k, v in values.items():
         arr = np.asarray(v, dtype=np.float64)
         expected = np.shape(current[k])

@@ -45,8 +45,6 @@ import dataclasses
 import datetime as _dt
 import math
 import os
-import re
-import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -403,19 +401,7 @@ def load_scenarios(path: str | os.PathLike) -> ScenarioSet:
             the field.
     """
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"Scenario file {path} does not exist.")
-    if path.is_dir():
-        raise IsADirectoryError(f"Scenario path {path} is a directory, not a file.")
-    text = path.read_text()
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        match = re.search(r"line (\d+)", str(e))
-        line = match.group(1) if match else max(1, len(text.splitlines()))
-        raise ScenarioError(
-            f"invalid TOML: {e}", file=str(path), location=f"line {line}"
-        ) from None
+    data = _Reader(str(path)).toml_file(path, "Scenario")
     return parse_scenarios(data, file=str(path))
 
 

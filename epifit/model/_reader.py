@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import keyword
 import math
-from collections.abc import Iterable, Mapping
+import re
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+from epifit._paths import existing_file
 from epifit.model._errors import ModelSpecError, describe_type
 from epifit.model._expression import FUNCTIONS
 
@@ -54,6 +59,21 @@ class Reader:
 
     def fail(self, location: str | None, reason: str) -> ModelSpecError:
         return ModelSpecError(reason, file=self.file, location=location)
+
+    def toml(self, text: str) -> dict:
+        """`text` parsed as TOML; malformed TOML fails at `line N`."""
+        try:
+            return tomllib.loads(text)
+        except tomllib.TOMLDecodeError as e:
+            match = re.search(r"line (\d+)", str(e))
+            # "at end of document": the error is on the last line
+            line = match.group(1) if match else max(1, len(text.splitlines()))
+            raise self.fail(f"line {line}", f"invalid TOML: {e}") from None
+
+    def toml_file(self, path: Path, kind: str) -> dict:
+        """The TOML file `path` parsed (see `toml`); `kind` names what it is in
+        the errors for a missing file or a directory, e.g. `"Scenario"`."""
+        return self.toml(existing_file(path, kind).read_text())
 
     def table(
         self,
@@ -138,6 +158,18 @@ class Reader:
                 location, f"{what} name {name!r} would shadow the function {name}()"
             )
         return name
+
+
+def read_values_file(path: Path, fail: Callable[[str], Exception]) -> dict:
+    """Parameter values (`name = value`) from a JSON file (`.json`) or a TOML
+    file, at the top level or in a `parameters` table; a file that does not
+    parse raises `fail(what the parser said)`."""
+    text = existing_file(path, "Parameter").read_text()
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except ValueError as e:
+        raise fail(str(e)) from e
+    return dict(data.get("parameters", data))
 
 
 PLURALS = {

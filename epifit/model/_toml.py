@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import os
-import re
-import tomllib
 from pathlib import Path
 
 from epifit.model._errors import ModelSpecError
+from epifit.model._reader import Reader
 from epifit.model._spec import ModelSpec
 from epifit.model._validate import spec_from_dict
 
@@ -29,16 +28,7 @@ def loads_model(
     """
     if not isinstance(text, str):
         raise TypeError(f"loads_model expects str, got {type(text).__name__}")
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        match = re.search(r"line (\d+)", str(e))
-        # "at end of document": the error is on the last line
-        line = match.group(1) if match else max(1, len(text.splitlines()))
-        location = f"line {line}"
-        raise ModelSpecError(
-            f"invalid TOML: {e}", file=path, location=location
-        ) from None
+    data = Reader(path).toml(text)
     return spec_from_dict(data, file=path, default_name=name)
 
 

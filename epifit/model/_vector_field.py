@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,10 +21,11 @@ from epifit.model._neural import make_mlp, neural_rates
 from epifit.model._observation import predict
 from epifit.model._plan import Infection, Plan, make_plan
 from epifit.model._spec import CovariateSpec, ModelSpec, ObservationSpec
+from epifit.model._toml import load_model
 from epifit.model._transform import constrain, unconstrain
 from epifit.ode import PiecewiseConstant
 
-__all__ = ["CompiledModel", "compile_model"]
+__all__ = ["CompiledModel", "as_model", "compile_model"]
 
 
 def _rows(r: Array) -> Array:
@@ -555,3 +557,17 @@ def compile_model(spec: ModelSpec) -> CompiledModel:
     if not isinstance(spec, ModelSpec):
         raise TypeError(f"compile_model expects a ModelSpec, got {type(spec).__name__}")
     return CompiledModel(spec)
+
+
+def as_model(model: str | os.PathLike | ModelSpec | CompiledModel) -> CompiledModel:
+    """A compiled model from a TOML path, a spec or a compiled model."""
+    if isinstance(model, CompiledModel):
+        return model
+    if isinstance(model, ModelSpec):
+        return compile_model(model)
+    if isinstance(model, str | os.PathLike):
+        return compile_model(load_model(model))
+    raise TypeError(
+        "model must be a path to a TOML file, a ModelSpec or a CompiledModel; got "
+        f"{type(model).__name__}."
+    )

@@ -76,85 +76,74 @@ _K5_PREDICTOR = (
 _KVAERNO5 = _tableau(_g5, _K5_ROWS, _K5_PREDICTOR)
 
 
-class Kvaerno3(AbstractESDIRK):
+_SHARED_DOC = """
+    Args:
+        newton_rtol, newton_atol: tolerances of the Newton iteration, in the same
+            scaled norm as the step-size controller's error (`None`: the
+            controller's `rtol` and `atol`; with `ConstantStepSize`, 1e-8 and
+            1e-10).
+        newton_max_steps: the most Newton iterations per stage. A stage that has
+            not converged by then (or diverges) makes the error estimate
+            infinite, so the adaptive step is rejected and shrunk.
+        newton_kappa: the iteration stops when the estimated remaining error is
+            below `newton_kappa` in that norm (Hairer and Wanner's kappa).
+
+    **Cost per step**: one Jacobian by `jax.jacfwd` (`n` Jacobian-vector
+    products for a state of `n` elements, counted as `n` evaluations in
+    `num_rhs_evals`), one vector-field evaluation for the explicit stage, one per
+    Newton iteration, one dense LU factorisation of `n x n`. Meant for small and
+    medium states (up to a few thousand elements); it evaluates `f` slightly
+    past the step end for some stages (inputs are constant on a segment, so this
+    is harmless).
+
+    ??? cite "Reference"
+
+        Kværnø, A. (2004). Singly diagonally implicit Runge-Kutta methods with an
+        explicit first stage. BIT Numerical Mathematics, 44(3), 489-502.
+    """
+
+
+def _shared_doc(cls):
+    # Each public class's own docstring, then what both share.
+    cls.__doc__ = cls.__doc__.rstrip() + "\n" + _SHARED_DOC
+    return cls
+
+
+class _Kvaerno(AbstractESDIRK):
+    """The Newton settings that Kvaerno3 and Kvaerno5 share (documented in
+    `_SHARED_DOC`); each subclass brings its own tableau and orders."""
+
+    newton_rtol: float | None = eqx.field(static=True, default=None)
+    newton_atol: float | None = eqx.field(static=True, default=None)
+    newton_max_steps: int = eqx.field(static=True, default=6)
+    newton_kappa: float = eqx.field(static=True, default=1e-2)
+
+
+@_shared_doc
+class Kvaerno3(_Kvaerno):
     """Kværnø's ESDIRK 3(2) pair: L-stable, stiffly accurate, for stiff models
     at loose tolerances.
 
     Four stages (one explicit, three implicit with a shared diagonal); the
     embedded second-order solution is the third stage, so the error estimate is
     free. The Jacobian is formed and factorised once per step.
-
-    Args:
-        newton_rtol, newton_atol: tolerances of the Newton iteration, in the same
-            scaled norm as the step-size controller's error (`None`: the
-            controller's `rtol` and `atol`; with `ConstantStepSize`, 1e-8 and
-            1e-10).
-        newton_max_steps: the most Newton iterations per stage. A stage that has
-            not converged by then (or diverges) makes the error estimate
-            infinite, so the adaptive step is rejected and shrunk.
-        newton_kappa: the iteration stops when the estimated remaining error is
-            below `newton_kappa` in that norm (Hairer and Wanner's kappa).
-
-    **Cost per step**: one Jacobian by `jax.jacfwd` (`n` Jacobian-vector
-    products for a state of `n` elements, counted as `n` evaluations in
-    `num_rhs_evals`), one vector-field evaluation for the explicit stage, one per
-    Newton iteration, one dense LU factorisation of `n x n`. Meant for small and
-    medium states (up to a few thousand elements); it evaluates `f` slightly
-    past the step end for some stages (inputs are constant on a segment, so this
-    is harmless).
-
-    ??? cite "Reference"
-
-        Kværnø, A. (2004). Singly diagonally implicit Runge-Kutta methods with an
-        explicit first stage. BIT Numerical Mathematics, 44(3), 489-502.
     """
 
     tableau: ClassVar[ESDIRKTableau] = _KVAERNO3
     order: ClassVar[int] = 3
     error_order: ClassVar[int] = 3
-    newton_rtol: float | None = eqx.field(static=True, default=None)
-    newton_atol: float | None = eqx.field(static=True, default=None)
-    newton_max_steps: int = eqx.field(static=True, default=6)
-    newton_kappa: float = eqx.field(static=True, default=1e-2)
 
 
-class Kvaerno5(AbstractESDIRK):
+@_shared_doc
+class Kvaerno5(_Kvaerno):
     """Kværnø's ESDIRK 5(4) pair: L-stable, stiffly accurate; the recommended
     solver for stiff models.
 
     Seven stages (one explicit, six implicit with a shared diagonal); the
     embedded fourth-order solution is the sixth stage. The Jacobian is formed
     and factorised once per step.
-
-    Args:
-        newton_rtol, newton_atol: tolerances of the Newton iteration, in the same
-            scaled norm as the step-size controller's error (`None`: the
-            controller's `rtol` and `atol`; with `ConstantStepSize`, 1e-8 and
-            1e-10).
-        newton_max_steps: the most Newton iterations per stage. A stage that has
-            not converged by then (or diverges) makes the error estimate
-            infinite, so the adaptive step is rejected and shrunk.
-        newton_kappa: the iteration stops when the estimated remaining error is
-            below `newton_kappa` in that norm (Hairer and Wanner's kappa).
-
-    **Cost per step**: one Jacobian by `jax.jacfwd` (`n` Jacobian-vector
-    products for a state of `n` elements, counted as `n` evaluations in
-    `num_rhs_evals`), one vector-field evaluation for the explicit stage, one per
-    Newton iteration, one dense LU factorisation of `n x n`. Meant for small and
-    medium states (up to a few thousand elements); it evaluates `f` slightly
-    past the step end for some stages (inputs are constant on a segment, so this
-    is harmless).
-
-    ??? cite "Reference"
-
-        Kværnø, A. (2004). Singly diagonally implicit Runge-Kutta methods with an
-        explicit first stage. BIT Numerical Mathematics, 44(3), 489-502.
     """
 
     tableau: ClassVar[ESDIRKTableau] = _KVAERNO5
     order: ClassVar[int] = 5
     error_order: ClassVar[int] = 5
-    newton_rtol: float | None = eqx.field(static=True, default=None)
-    newton_atol: float | None = eqx.field(static=True, default=None)
-    newton_max_steps: int = eqx.field(static=True, default=6)
-    newton_kappa: float = eqx.field(static=True, default=1e-2)
