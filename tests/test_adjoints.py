@@ -11,6 +11,7 @@ from __future__ import annotations
 import diffrax
 import equinox as eqx
 import jax
+import jax.extend.core
 import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
@@ -394,7 +395,7 @@ def test_covariates_get_no_cotangent(reference20, seed_metapop):
         for eqn in jp.eqns:
             for v in eqn.outvars:
                 yield tuple(getattr(v.aval, "shape", ()))
-            for sub in jax.core.jaxprs_in_params(eqn.params):
+            for sub in jax.extend.core.jaxprs_in_params(eqn.params):
                 yield from shapes(sub)
 
     assert cube not in set(shapes(jaxpr.jaxpr))

@@ -96,6 +96,13 @@ class Integrator(eqx.Module):
     def adaptive(self):
         return isinstance(self.controller, AbstractAdaptiveStepSizeController)
 
+    @property
+    def can_keep_first(self) -> bool:
+        """Whether `run(..., keep_first=True)` records first-step stages."""
+        from ._solver import AbstractERK
+
+        return self.adaptive and isinstance(self.solver, AbstractERK)
+
     def _first_dt(self, a, b, y, args, u, dt, fstate):
         """Where `dt <= 0` (the first segment without `dt0`), the first step:
         `0.01 * ||y|| / ||f(y)||` in the controller's scaled norm (the first half
@@ -131,7 +138,18 @@ class Integrator(eqx.Module):
 
     # ------------------------------------------------------------------ segment
     def segment(
-        self, a, b, y, args, u, dt, n_fixed, record: bool, active=True, quad=None
+        self,
+        a,
+        b,
+        y,
+        args,
+        u,
+        dt,
+        n_fixed,
+        record: bool,
+        active=True,
+        quad=None,
+        keep_first: bool = False,
     ):
         """Integrate one segment from `a` to `b`.
 
@@ -139,12 +157,19 @@ class Integrator(eqx.Module):
         `record`) is a buffer of length `max_steps` holding the end time of each
         accepted step, for the discrete adjoint's replay.
 
+        With `keep_first` (an adaptive explicit Runge-Kutta solve, recording),
+        `times` is `(times, stages)`: the stage states of the segment's first
+        accepted step, which spare the discrete adjoint replaying the segment
+        when it took one step (as most daily segments do).
+
         `quad = (fn, acc0)` accumulates `acc = fn(acc, t0, t1, y0, y1, f0, f1)` over
         the accepted steps of an adaptive segment (with `f0`, `f1` the solver's
         first-same-as-last states); then the accumulator is returned last.
         """
         if self.adaptive:
-            return self._adaptive_segment(a, b, y, args, u, dt, record, active, quad)
+            return self._adaptive_segment(
+                a, b, y, args, u, dt, record, active, quad, keep_first
+            )
         if quad is not None:
             raise NotImplementedError("quadrature needs an adaptive controller")
         return self._fixed_segment(a, b, y, args, u, dt, n_fixed, record, active)
@@ -177,7 +202,9 @@ class Integrator(eqx.Module):
         stats = SegmentStats(n.astype(jnp.int32), jnp.zeros((), jnp.int32), nfe)
         return y, dt, stats, code, b, times
 
-    def _adaptive_segment(self, a, b, y, args, u, dt, record, active, quad=None):
+    def _adaptive_segment(
+        self, a, b, y, args, u, dt, record, active, quad=None, keep_first=False
+    ):
         solver, vf, ctrl = self.solver, self.vf, self.controller
         error_order = solver.error_order
         fstate, ne0 = solver.init(vf, a, y, args, u)
@@ -201,6 +228,7 @@ class Integrator(eqx.Module):
             code: jax.Array
             times: jax.Array
             acc: object
+            first: object
 
         def cond(c):
             return (c.t < b) & (c.code == Result.SUCCESSFUL) & active
@@ -209,7 +237,12 @@ class Integrator(eqx.Module):
             last = c.t + c.dt >= b
             t1 = jnp.where(last, b, c.t + c.dt)
             h = t1 - c.t
-            y1, y_err, fnew, ne = solver.step(vf, c.t, t1, c.y, args, u, c.fstate)
+            if keep_first:
+                y1, y_err, fnew, ne, stages = solver.step_with_stages(
+                    vf, c.t, t1, c.y, args, u, c.fstate
+                )
+            else:
+                y1, y_err, fnew, ne = solver.step(vf, c.t, t1, c.y, args, u, c.fstate)
             sel = self.norm_select
             if sel is None:
                 accept, dt_next, cnew = ctrl.adapt(
@@ -243,6 +276,10 @@ class Integrator(eqx.Module):
                 )
             else:
                 times = c.times
+            if keep_first:
+                first = tree_where(accept & (c.n_acc == 0), stages, c.first)
+            else:
+                first = c.first
             finite_y1 = tree_all_finite(y1)
             done = t >= b
             code = jnp.where(
@@ -270,10 +307,18 @@ class Integrator(eqx.Module):
                 code,
                 times,
                 acc,
+                first,
             )
 
         dt = jnp.minimum(dt, b - a)
         acc0 = None if quad is None else quad[1]
+        if keep_first:
+            _, _, _, _, st0 = jax.eval_shape(
+                lambda: solver.step_with_stages(vf, a, b, y, args, u, fstate)
+            )
+            first0 = jtu.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), st0)
+        else:
+            first0 = None
         init = Carry(
             a,
             y,
@@ -286,21 +331,26 @@ class Integrator(eqx.Module):
             zero,
             times,
             acc0,
+            first0,
         )
         c = lax.while_loop(cond, body, init)
         stats = SegmentStats(c.n_acc, c.n_rej, c.nfe)
+        times = (c.times, c.first) if keep_first else c.times
         if quad is not None:
-            return c.y, c.dt, stats, c.code, c.t, c.times, c.acc
-        return c.y, c.dt, stats, c.code, c.t, c.times
+            return c.y, c.dt, stats, c.code, c.t, times, c.acc
+        return c.y, c.dt, stats, c.code, c.t, times
 
     # ---------------------------------------------------------------- full scan
-    def run(self, grid: Grid, y0, args, values, dt0, record: bool):
+    def run(self, grid: Grid, y0, args, values, dt0, record: bool, keep_first=False):
         """Scan over all segments.
 
         Returns `(ys, stats, fail, times, n_acc)`: `ys` stacks the state at every
         segment boundary (leading axis `n_seg + 1`); `fail` is
-        `(code, segment, t)` of the first failure (code 0 if none).
+        `(code, segment, t)` of the first failure (code 0 if none). With
+        `keep_first` (see `segment`; only when `can_keep_first`), `times` is
+        `(times, stages)`, each with a leading segment axis.
         """
+        keep_first = keep_first and record and self.can_keep_first
         dtype = jnp.result_type(*jtu.tree_leaves(y0))
         bounds = jnp.asarray(grid.bounds, dtype)
         xs = (
@@ -343,7 +393,7 @@ class Integrator(eqx.Module):
 
             active = c.code == Result.SUCCESSFUL
             y, dt, st, code, t_end, times = self.segment(
-                a, b, c.y, args, u, c.dt, n_fixed, record, active
+                a, b, c.y, args, u, c.dt, n_fixed, record, active, None, keep_first
             )
             code = jnp.where(active, code, c.code)
             new_fail = (c.code == 0) & (code != 0)

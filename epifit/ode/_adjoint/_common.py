@@ -86,11 +86,16 @@ class SegmentContext:
         return self.integ.vf(t, y, self.args(ap), self.inputs(u_l, up))
 
 
-def reverse_loop(adjoint, integ, grid, y0, args, values, dt0, record: bool):
+def reverse_loop(
+    adjoint, integ, grid, y0, args, values, dt0, record: bool, keep_first=False
+):
     """Run the segment scan under a custom VJP defined by `adjoint.segment_backward`.
 
     `adjoint.segment_backward(ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up,
     times_k, n_k)` returns `(adj_y_at_a, grad_a_p, grad_up)` for one segment.
+    With `keep_first` (where `integ.can_keep_first`), `times_k` is
+    `(times, stages)`, the stages of the segment's first accepted step
+    (`Integrator.run`).
     """
     if in_forward_mode():
         ys, stats, fail, _, _ = integ.run(grid, y0, args, values, dt0, record=False)
@@ -121,7 +126,9 @@ def reverse_loop(adjoint, integ, grid, y0, args, values, dt0, record: bool):
         box["v_idx"] = perturbed_index(v_l_, [p.perturbed for p in v_p])
         box["y_pert"] = [p.perturbed for p in y_p]
         y, a, v = unflat(y_l_, a_l_, v_l_)
-        ys, stats, fail, times, n_acc = integ.run(grid, y, a, v, dt0, record=record)
+        ys, stats, fail, times, n_acc = integ.run(
+            grid, y, a, v, dt0, record=record, keep_first=keep_first
+        )
         return (ys, stats, fail), (a_l_, v_l_, ys, times, n_acc)
 
     def bwd(res, ct):
@@ -171,7 +178,7 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc):
             a_p,
             u_l,
             up,
-            times[k],
+            jtu.tree_map(lambda x: x[k], times),
             n_acc[k],
         )
         adj_a = [x + g.astype(x.dtype) for x, g in zip(adj_a, g_a, strict=True)]

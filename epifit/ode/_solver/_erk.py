@@ -67,6 +67,13 @@ class AbstractERK(AbstractSolver):
         return None, 0
 
     def step(self, vf, t0, t1, y0, args, u, state):
+        return self.step_with_stages(vf, t0, t1, y0, args, u, state)[:4]
+
+    def step_with_stages(self, vf, t0, t1, y0, args, u, state):
+        """[`step`][] that also returns the stage states `Y_i` (stacked on a
+        new leading axis, in the layout of [`loop_step`][]) of the stages that
+        influence `y1`, for the discrete adjoint (unused outputs cost nothing
+        once compiled)."""
         tab = self.tableau
         dt = jnp.asarray(t1 - t0)
         if tab.fsal:
@@ -76,9 +83,11 @@ class AbstractERK(AbstractSolver):
             k0 = vf(t0, y0, args, u)
             n_evals = tab.n_stages
         ks = [k0]
+        stage_states = [y0]
         y1 = None
         for i, (ci, ai) in enumerate(zip(tab.c, tab.a, strict=True)):
             yi = _combine(y0, dt, ai, ks)
+            stage_states.append(yi)
             if tab.fsal and i == len(tab.a) - 1:
                 y1 = yi
                 ti = t1
@@ -92,7 +101,9 @@ class AbstractERK(AbstractSolver):
         else:
             y_error = _combine(None, dt, tab.b_error, ks)
         new_state = ks[-1] if tab.fsal else None
-        return y1, y_error, new_state, n_evals
+        s = tab.n_stages - 1 if tab.fsal else tab.n_stages
+        stages = jtu.tree_map(lambda *x: jnp.stack(x), *stage_states[:s])
+        return y1, y_error, new_state, n_evals, stages
 
     def _coefficients(self, t0, t1, dtype):
         """The stages that influence `y1`, as arrays: `(s, A, b, c, h)`."""
@@ -115,7 +126,13 @@ class AbstractERK(AbstractSolver):
             K, Ys = st
             Yi = y0 + h * jnp.tensordot(A[i], K, axes=1)
             Ki = f(t0 + c[i] * h, Yi, theta)
-            return K.at[i].set(Ki), Ys.at[i].set(Yi)
+            # dynamic_update_index_in_dim writes one row in place; `.at[i].set`
+            # lowers to a scatter that XLA CPU turned into a select over the
+            # row fused with the vector field (2x its cost; measured).
+            return (
+                lax.dynamic_update_index_in_dim(K, Ki, i, 0),
+                lax.dynamic_update_index_in_dim(Ys, Yi, i, 0),
+            )
 
         K, Ys = lax.fori_loop(0, s, stage, (zeros, zeros))
         return s, A, b, c, h, (Ys, K)
@@ -164,7 +181,7 @@ class AbstractERK(AbstractSolver):
             _, vjp = jax.vjp(lambda y, th: f(t0 + c[i] * h, y, th), Ys[i], theta)
             d_y, d_th = vjp(mu)
             g = jtu.tree_map(jnp.add, g, d_th)
-            return nu.at[i].set(d_y), g
+            return lax.dynamic_update_index_in_dim(nu, d_y, i, 0), g
 
         g0 = jtu.tree_map(jnp.zeros_like, theta)
         nu, g = lax.fori_loop(0, s, back, (zeros, g0))
