@@ -212,6 +212,12 @@ def main(argv=None) -> int:
         default=None,
         help="comma-separated patch counts: run a scaling sweep",
     )
+    ap.add_argument(
+        "--skip",
+        default="",
+        help="comma-separated configs not to run (e.g. the slow covariates-as-"
+        "arguments peers: diffrax-tsit5-backsolve,odeint)",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--ref", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -231,6 +237,7 @@ def main(argv=None) -> int:
                 for t in a.tools.split(",")
                 for c in TOOLS[t.strip()]
                 if not c.startswith("epifit-") or c.split("-", 1)[1] in adjoints
+                if c not in a.skip.split(",")
             ]
             group = []
             for cfg in configs:
