@@ -4,22 +4,63 @@ The curated top level; the layers live in `epifit.ode` (the ODE core),
 `epifit.model` (declarative models), `epifit.data` (datasets and observation
 models), `epifit.fitting` (binding, simulation, calibration) and
 `epifit.forecasting` (scenarios and ensembles).
+
+The names below are imported on first use (PEP 562), so `import epifit.ode`
+or `epifit --help` does not pay for xarray, pandas and optax.
 """
 
-from epifit._jit import jit as jit
-from epifit.data import DataError as DataError
-from epifit.data import open_dataset as open_dataset
-from epifit.data import write_dataset as write_dataset
-from epifit.fitting import FitResult as FitResult
-from epifit.fitting import Problem as Problem
-from epifit.fitting import calibrate as calibrate
-from epifit.fitting import simulate as simulate
-from epifit.forecasting import forecast as forecast
-from epifit.model import ModelBuilder as ModelBuilder
-from epifit.model import ModelSpecError as ModelSpecError
-from epifit.model import compile_model as compile_model
-from epifit.model import load_model as load_model
-from epifit.ode import SolverError as SolverError
-from epifit.ode import solve as solve
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
 
 __version__ = "0.1.0"
+
+_EXPORTS = {
+    "jit": "epifit._jit",
+    "DataError": "epifit.data",
+    "open_dataset": "epifit.data",
+    "write_dataset": "epifit.data",
+    "FitResult": "epifit.fitting",
+    "Problem": "epifit.fitting",
+    "calibrate": "epifit.fitting",
+    "simulate": "epifit.fitting",
+    "forecast": "epifit.forecasting",
+    "ModelBuilder": "epifit.model",
+    "ModelSpecError": "epifit.model",
+    "compile_model": "epifit.model",
+    "load_model": "epifit.model",
+    "SolverError": "epifit.ode",
+    "solve": "epifit.ode",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'epifit' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # for type checkers and editors
+    from epifit._jit import jit as jit
+    from epifit.data import DataError as DataError
+    from epifit.data import open_dataset as open_dataset
+    from epifit.data import write_dataset as write_dataset
+    from epifit.fitting import FitResult as FitResult
+    from epifit.fitting import Problem as Problem
+    from epifit.fitting import calibrate as calibrate
+    from epifit.fitting import simulate as simulate
+    from epifit.forecasting import forecast as forecast
+    from epifit.model import ModelBuilder as ModelBuilder
+    from epifit.model import ModelSpecError as ModelSpecError
+    from epifit.model import compile_model as compile_model
+    from epifit.model import load_model as load_model
+    from epifit.ode import SolverError as SolverError
+    from epifit.ode import solve as solve

@@ -1,0 +1,32 @@
+"""The top-level package: every curated name resolves, and the light entry
+points (`import epifit.ode`, the CLI's argument parser) do not import the
+data stack."""
+
+import subprocess
+import sys
+
+import pytest
+
+import epifit
+
+
+@pytest.mark.parametrize("name", epifit.__all__)
+def test_curated_names_resolve(name):
+    value = getattr(epifit, name)
+    assert value is not None
+    assert name in dir(epifit)
+
+
+def test_unknown_name_is_an_attribute_error():
+    with pytest.raises(AttributeError, match="no attribute 'nonsense'"):
+        epifit.nonsense  # noqa: B018
+
+
+@pytest.mark.parametrize("stmt", ["import epifit.ode", "import epifit.cli"])
+def test_light_imports_do_not_load_the_data_stack(stmt):
+    heavy = ("xarray", "pandas", "optax")
+    code = f"{stmt}; import sys; print([m for m in {heavy!r} if m in sys.modules])"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]", out.stdout
