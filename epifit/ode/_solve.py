@@ -165,8 +165,15 @@ def _flat_vector_field(vector_field, y0, unravel):
     The state stays a pytree for the user (the vector field sees and returns
     pytrees, `ys` is a pytree), but the solver's arithmetic (stage
     combinations, error norms, step acceptance) runs on one contiguous buffer:
-    one fused kernel per operation instead of one per leaf, which halves the
-    compile time and the kernel launches of a many-compartment model.
+    one fused kernel per operation instead of one per leaf, which halved the
+    compile time and the kernel launches of a many-compartment model (measured
+    with XLA CPU's classic emitters).
+
+    Its price, measured with the default emitters on the reference model (280
+    patches, float32): the `concatenate` that packs the derivative makes one
+    evaluation 19 us in isolation against 8.7 us with pytree output (12 us
+    when written slice by slice, which gained only 7% inside the solver). A
+    solver core on the pytree state is the next step for the forward pass.
     """
     struct = jtu.tree_structure(y0)
     shapes = [jnp.shape(x) for x in jtu.tree_leaves(y0)]
