@@ -30,3 +30,14 @@ def test_light_imports_do_not_load_the_data_stack(stmt):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_epifit_jit_compiles_with_its_options():
+    from epifit._jit import compiler_options
+
+    opts = compiler_options()
+    assert isinstance(opts, dict)
+    assert float(epifit.jit(lambda x: 2.0 * x)(3.0)) == 6.0
+    # the options reach XLA (an unknown option would fail to compile)
+    lowered = epifit.jit(lambda x: x + 1.0).lower(1.0)
+    assert lowered.compile() is not None
