@@ -313,10 +313,8 @@ class Integrator(eqx.Module):
         dt = jnp.minimum(dt, b - a)
         acc0 = None if quad is None else quad[1]
         if keep_first:
-            _, _, _, _, st0 = jax.eval_shape(
-                lambda: solver.step_with_stages(vf, a, b, y, args, u, fstate)
-            )
-            first0 = jtu.tree_map(lambda x: jnp.zeros(x.shape, x.dtype), st0)
+            s = solver.n_kept_stages
+            first0 = jtu.tree_map(lambda x: jnp.zeros((s, *x.shape), x.dtype), y)
         else:
             first0 = None
         init = Carry(

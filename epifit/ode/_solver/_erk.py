@@ -61,6 +61,13 @@ class AbstractERK(AbstractSolver):
 
     tableau: ClassVar[ButcherTableau]
 
+    @property
+    def n_kept_stages(self) -> int:
+        """The stages that influence `y1` (a first-same-as-last method's last
+        stage does not): the leading size of the stage states."""
+        tab = self.tableau
+        return tab.n_stages - 1 if tab.fsal else tab.n_stages
+
     def init(self, vf, t0, y0, args, u):
         if self.tableau.fsal:
             return vf(t0, y0, args, u), 1
@@ -101,14 +108,15 @@ class AbstractERK(AbstractSolver):
         else:
             y_error = _combine(None, dt, tab.b_error, ks)
         new_state = ks[-1] if tab.fsal else None
-        s = tab.n_stages - 1 if tab.fsal else tab.n_stages
-        stages = jtu.tree_map(lambda *x: jnp.stack(x), *stage_states[:s])
+        stages = jtu.tree_map(
+            lambda *x: jnp.stack(x), *stage_states[: self.n_kept_stages]
+        )
         return y1, y_error, new_state, n_evals, stages
 
     def _coefficients(self, t0, t1, dtype):
         """The stages that influence `y1`, as arrays: `(s, A, b, c, h)`."""
         tab = self.tableau
-        s = tab.n_stages - 1 if tab.fsal else tab.n_stages
+        s = self.n_kept_stages
         a = np.zeros((s, s))
         for i, row in enumerate(tab.a[: s - 1]):
             a[i + 1, : len(row)] = row
