@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +20,7 @@ from epifit.model._coupling import SparseCoupling, coupled_mass
 from epifit.model._errors import ModelSpecError
 from epifit.model._neural import make_mlp, neural_rates
 from epifit.model._observation import predict
+from epifit.model._once import computed_once
 from epifit.model._plan import Infection, Plan, make_plan
 from epifit.model._spec import CovariateSpec, ModelSpec, ObservationSpec
 from epifit.model._toml import load_model
@@ -334,11 +336,7 @@ class CompiledModel(eqx.Module):
         Returns:
             `dy`, with the structure and dtypes of `y`.
         """
-        del t
-
-        def get(key: str) -> Array:
-            return u[key] if u is not None and key in u else args[key]
-
+        get = _getter(args, u)
         loss: dict[str, list[Array]] = {c: [] for c in self.compartments}
         gain: dict[str, list[Array]] = {c: [] for c in self.compartments}
         chain: dict[str, Array] = {}
@@ -362,7 +360,7 @@ class CompiledModel(eqx.Module):
                 taken.append(f)
                 gain[b.target].append(f)
         for inf in self.plan.infections:
-            lam = self._force(inf, y, get)
+            lam = computed_once(functools.partial(self._force_from, inf), t, y, args, u)
             flow = _rows(lam) * y[inf.source]
             loss[inf.source].append(flow)
             gain[inf.target].append(flow.sum(axis=0) if flow.shape[0] > 1 else flow[0])
@@ -386,6 +384,9 @@ class CompiledModel(eqx.Module):
                 d = d - lost
             dy[name] = d.astype(x.dtype)
         return dy
+
+    def _force_from(self, inf: Infection, y: Y, args: Args, u) -> Array:
+        return self._force(inf, y, _getter(args, u))
 
     def _force(self, inf: Infection, y: Y, get) -> Float[Array, " patch"]:
         i = None
@@ -518,6 +519,13 @@ class CompiledModel(eqx.Module):
                 series = _rows(obs.scale.evaluate(env)) * series
             out[obs.name] = series
         return out
+
+
+def _getter(args: Args, u: PyTree | None):
+    def get(key: str) -> Array:
+        return u[key] if u is not None and key in u else args[key]
+
+    return get
 
 
 def _optional(get, key: str):

@@ -134,8 +134,8 @@ def solve(
     args, args_static = eqx.partition(args, eqx.is_array_like)
     if jtu.tree_leaves(args_static):
         vector_field = _with_static_args(vector_field, args_static)
-    flat0, unravel = ravel_pytree(y0)
-    vf_flat = _flat_vector_field(vector_field, y0, unravel)
+    flat0, unravel, pack = _pack(y0)
+    vf_flat = _flat_vector_field(vector_field, y0, unravel, pack)
     integ = Integrator(vf_flat, solver, stepsize_controller, max_steps)
     ys_all, stats, fail = adjoint.loop(integ, grid, flat0, args, values, dt0)
     save = jnp.asarray(grid.save_index)
@@ -159,7 +159,48 @@ def _with_static_args(vector_field, args_static):
     return vf
 
 
-def _flat_vector_field(vector_field, y0, unravel):
+def _pack(y0):
+    """`(buffer, unpack)`: the state as one array, and the way back.
+
+    When every leaf is at least 1-D and all share the last axis (`n` patches,
+    say), the buffer is 2-D, `(rows, n)`: each leaf's leading axes become
+    rows. Otherwise it is 1-D, as `ravel_pytree` makes it. The 2-D form keeps
+    XLA CPU's loops over `(row, column)`: a 1-D buffer turns each slice of a
+    `(stages, patch)` leaf into index arithmetic (a division per element)
+    that does not vectorise. Measured on the reference model, 280 patches,
+    float32, one core: one evaluation 3.4-5.1 us with the `(16, 280)` buffer
+    against 8.1-12.8 us with the `(4480,)` buffer, the same code otherwise.
+    """
+    leaves, struct = jtu.tree_flatten(y0)
+    shapes = [jnp.shape(x) for x in leaves]
+    dtypes = [jnp.result_type(x) for x in leaves]
+    dtype = jnp.result_type(*leaves)
+    lasts = {s[-1] if len(s) else None for s in shapes}
+    if len(lasts) != 1 or None in lasts or 1 in lasts:
+        flat, unravel = ravel_pytree(y0)
+
+        def pack_flat(leaves):
+            return jnp.concatenate([jnp.ravel(x).astype(dtype) for x in leaves])
+
+        return flat, unravel, pack_flat
+    (n,) = lasts
+    rows = [int(np.prod(s[:-1], dtype=np.int64)) for s in shapes]
+    bounds = np.cumsum([0, *rows])
+
+    def pack(leaves):
+        parts = zip(leaves, rows, strict=True)
+        return jnp.concatenate([jnp.reshape(x, (r, n)).astype(dtype) for x, r in parts])
+
+    spans = list(zip(bounds[:-1], bounds[1:], shapes, dtypes, strict=True))
+
+    def unpack(buf):
+        leaves = [jnp.reshape(buf[a:b], s).astype(d) for a, b, s, d in spans]
+        return jtu.tree_unflatten(struct, leaves)
+
+    return pack(leaves), unpack, pack
+
+
+def _flat_vector_field(vector_field, y0, unravel, pack):
     """The vector field on one flat state buffer.
 
     The state stays a pytree for the user (the vector field sees and returns
@@ -179,7 +220,6 @@ def _flat_vector_field(vector_field, y0, unravel):
     """
     struct = jtu.tree_structure(y0)
     shapes = [jnp.shape(x) for x in jtu.tree_leaves(y0)]
-    dtype = jnp.result_type(*jtu.tree_leaves(y0))
 
     def vf_flat(t, y, args, u):
         dy = vector_field(t, unravel(y), args, u)
@@ -190,7 +230,7 @@ def _flat_vector_field(vector_field, y0, unravel):
                 f"shapes); y0 is {struct} with shapes {shapes}, the vector field "
                 f"returned {dstruct} with shapes {[jnp.shape(x) for x in leaves]}."
             )
-        return jnp.concatenate([jnp.ravel(x).astype(dtype) for x in leaves])
+        return pack(leaves)
 
     return vf_flat
 

@@ -1,0 +1,50 @@
+"""Evaluate a sub-expression of the vector field once per call, on XLA CPU."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+
+def computed_once(fn, t, *operands):
+    """`fn(*operands)`, computed once into its own buffer on the CPU backend.
+
+    XLA CPU fuses a producer into every consumer that reads it, and a fused
+    loop recomputes the producer for each element it writes. A force of
+    infection read by two compartments (S loses what E gains) is then
+    computed twice per evaluation, coupling gather and reduction included.
+    Wrapping it in a one-trip `while_loop` whose trip count XLA cannot see
+    (it depends on the run-time time `t`) makes it a buffer of its own.
+    Measured on the reference model (280 patches, float32): one right-hand
+    side 7.8-8.2 us against 9.7-13 us, the forward loss 25.8 against 37.2 ms
+    (interleaved in one process); one extra while-loop per evaluation costs
+    about 1 us. Other backends get `fn(*operands)`.
+
+    Differentiable: forward mode (and hence reverse mode) differentiates
+    `fn` directly; only the primal goes through the loop. A NaN `t` gives a
+    NaN result (the loop then runs no trip).
+    """
+    if jax.default_backend() != "cpu":
+        return fn(*operands)
+    return _once(fn, jnp.asarray(t), operands)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _once(fn, t, operands):
+    shape = jax.eval_shape(fn, *operands)
+    start = jnp.where(jnp.isnan(t), 1, 0).astype(jnp.int32)
+    init = (start, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shape))
+    return jax.lax.while_loop(
+        lambda c: c[0] < 1, lambda c: (c[0] + 1, fn(*operands)), init
+    )[1]
+
+
+@_once.defjvp
+def _once_jvp(fn, primals, tangents):
+    t, operands = primals
+    _, d_operands = tangents
+    out = _once(fn, t, operands)
+    _, d_out = jax.jvp(fn, operands, d_operands)
+    return out, d_out
