@@ -496,10 +496,43 @@ def test_tsit5_counts_match_a_python_counter():
     steps = st["num_accepted_steps"] + st["num_rejected_steps"]
     assert st["num_segments"] == 3
     assert st["num_rhs_evals"] == len(calls)
-    # Six new stages per step (first same as last) and one evaluation per
-    # segment to restart it; the first step size is chosen from the first of
-    # those, at no extra cost.
-    assert st["num_rhs_evals"] == 6 * steps + st["num_segments"]
+    # Six new stages per step (first same as last) and one evaluation to
+    # start; a boundary that is only a save time hands the last stage on, so
+    # nothing restarts there. The first step size is chosen from the first
+    # evaluation, at no extra cost.
+    assert st["num_rhs_evals"] == 6 * steps + 1
+
+
+def test_tsit5_restarts_where_the_inputs_change():
+    calls = []
+
+    def counted(t, y, args, u):
+        jax.debug.callback(lambda: calls.append(1))
+        return -u * y
+
+    # Segments [0, 1], [1, 3], [3, 5], [5, 20]; the input changes at 3 only.
+    inputs = PiecewiseConstant([0.0, 3.0], jnp.array([0.5, 0.2]))
+    ctrl = PIDController(rtol=1e-6, atol=1e-9)
+    sol = jax.jit(
+        lambda y0: solve(
+            counted,
+            y0,
+            ts=[0.0, 1.0, 5.0, 20.0],
+            inputs=inputs,
+            stepsize_controller=ctrl,
+        )
+    )(jnp.array([1.0, 2.0]))
+    jax.effects_barrier()
+    st = {k: int(v) for k, v in sol.stats.items()}
+    steps = st["num_accepted_steps"] + st["num_rejected_steps"]
+    assert st["num_segments"] == 4
+    assert st["num_rhs_evals"] == len(calls) == 6 * steps + 2
+    # Handing the stage on changes no value: the exact solution, piecewise.
+    expected = jnp.exp(-0.5 * 3.0 - 0.2 * (20.0 - 3.0)) * jnp.array([1.0, 2.0])
+    np.testing.assert_allclose(sol.ys[-1], expected, rtol=1e-4)
+    np.testing.assert_allclose(
+        sol.ys[1], jnp.exp(-0.5) * jnp.array([1.0, 2.0]), rtol=1e-5
+    )
 
 
 def test_fixed_step_counts():

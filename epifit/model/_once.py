@@ -22,9 +22,11 @@ def computed_once(fn, t, *operands):
     (interleaved in one process); one extra while-loop per evaluation costs
     about 1 us. Other backends get `fn(*operands)`.
 
-    Differentiable: forward mode (and hence reverse mode) differentiates
-    `fn` directly; only the primal goes through the loop. A NaN `t` gives a
-    NaN result (the loop then runs no trip).
+    Differentiable: the JVP is `jax.jvp(fn)`, with no loop (a loop in the
+    primal of a linearisation would run again in every backward step; measured
+    9 ms of a 145 ms reference gradient), so forward and reverse mode work;
+    only an undifferentiated evaluation goes through the loop. A NaN `t` gives
+    a NaN result (the loop then runs no trip).
     """
     if jax.default_backend() != "cpu":
         return fn(*operands)
@@ -43,8 +45,6 @@ def _once(fn, t, operands):
 
 @_once.defjvp
 def _once_jvp(fn, primals, tangents):
-    t, operands = primals
+    _, operands = primals
     _, d_operands = tangents
-    out = _once(fn, t, operands)
-    _, d_out = jax.jvp(fn, operands, d_operands)
-    return out, d_out
+    return jax.jvp(fn, operands, d_operands)

@@ -103,6 +103,18 @@ class Integrator(eqx.Module):
 
         return self.adaptive and isinstance(self.solver, AbstractERK)
 
+    @property
+    def carries_fsal(self) -> bool:
+        """Whether `run` hands the first-same-as-last stage from one segment to
+        the next where the inputs do not change (adaptive FSAL Runge-Kutta)."""
+        from ._solver import AbstractERK
+
+        return (
+            self.adaptive
+            and isinstance(self.solver, AbstractERK)
+            and self.solver.tableau.fsal
+        )
+
     def _first_dt(self, a, b, y, args, u, dt, fstate):
         """Where `dt <= 0` (the first segment without `dt0`), the first step:
         `0.01 * ||y|| / ||f(y)||` in the controller's scaled norm (the first half
@@ -150,6 +162,7 @@ class Integrator(eqx.Module):
         active=True,
         quad=None,
         keep_first: bool = False,
+        fsal_in=None,
     ):
         """Integrate one segment from `a` to `b`.
 
@@ -165,10 +178,16 @@ class Integrator(eqx.Module):
         `quad = (fn, acc0)` accumulates `acc = fn(acc, t0, t1, y0, y1, f0, f1)` over
         the accepted steps of an adaptive segment (with `f0`, `f1` the solver's
         first-same-as-last states); then the accumulator is returned last.
+
+        `fsal_in = (f, reuse)` (adaptive first-same-as-last solvers only; see
+        `carries_fsal`): where `reuse`, `f` is the vector field at `(a, y)`
+        with this segment's inputs, left by the previous segment, and is not
+        evaluated again; the segment then also returns its own last
+        first-same-as-last state, last.
         """
         if self.adaptive:
             return self._adaptive_segment(
-                a, b, y, args, u, dt, record, active, quad, keep_first
+                a, b, y, args, u, dt, record, active, quad, keep_first, fsal_in
             )
         if quad is not None:
             raise NotImplementedError("quadrature needs an adaptive controller")
@@ -203,11 +222,33 @@ class Integrator(eqx.Module):
         return y, dt, stats, code, b, times
 
     def _adaptive_segment(
-        self, a, b, y, args, u, dt, record, active, quad=None, keep_first=False
+        self,
+        a,
+        b,
+        y,
+        args,
+        u,
+        dt,
+        record,
+        active,
+        quad=None,
+        keep_first=False,
+        fsal_in=None,
     ):
         solver, vf, ctrl = self.solver, self.vf, self.controller
         error_order = solver.error_order
-        fstate, ne0 = solver.init(vf, a, y, args, u)
+        if fsal_in is None:
+            fstate, ne0 = solver.init(vf, a, y, args, u)
+        else:
+            f_prev, reuse = fsal_in
+
+            def fresh():
+                f, n = solver.init(vf, a, y, args, u)
+                return f, jnp.asarray(n, jnp.int32)
+
+            fstate, ne0 = lax.cond(
+                reuse, lambda: (f_prev, jnp.zeros((), jnp.int32)), fresh
+            )
         cstate = ctrl.init(a.dtype)
         dt, ne_first = self._first_dt(a, b, y, args, u, dt, fstate)
         ne0 = ne0 + ne_first
@@ -334,9 +375,12 @@ class Integrator(eqx.Module):
         c = lax.while_loop(cond, body, init)
         stats = SegmentStats(c.n_acc, c.n_rej, c.nfe)
         times = (c.times, c.first) if keep_first else c.times
+        out = (c.y, c.dt, stats, c.code, c.t, times)
         if quad is not None:
-            return c.y, c.dt, stats, c.code, c.t, times, c.acc
-        return c.y, c.dt, stats, c.code, c.t, times
+            out = (*out, c.acc)
+        if fsal_in is not None:
+            out = (*out, c.fstate)
+        return out
 
     # ---------------------------------------------------------------- full scan
     def run(self, grid: Grid, y0, args, values, dt0, record: bool, keep_first=False):
@@ -351,13 +395,20 @@ class Integrator(eqx.Module):
         keep_first = keep_first and record and self.can_keep_first
         dtype = jnp.result_type(*jtu.tree_leaves(y0))
         bounds = jnp.asarray(grid.bounds, dtype)
+        # A boundary that is only a save time leaves the inputs as they were:
+        # the vector field at the start of the next segment is the last
+        # first-same-as-last stage of this one, so it is not evaluated again.
+        same = np.zeros(grid.input_index.size, dtype=bool)
+        same[1:] = grid.input_index[1:] == grid.input_index[:-1]
         xs = (
             bounds[:-1],
             bounds[1:],
             jnp.asarray(grid.input_index),
             jnp.asarray(grid.n_fixed),
             jnp.arange(grid.input_index.size, dtype=jnp.int32),
+            jnp.asarray(same),
         )
+        carry_f = self.carries_fsal
 
         def u_at(k):
             if values is None:
@@ -384,15 +435,30 @@ class Integrator(eqx.Module):
             code: jax.Array
             seg: jax.Array
             t_fail: jax.Array
+            f: object
 
         def body(c, x):
-            a, b, idx, n_fixed, k = x
+            a, b, idx, n_fixed, k, same_u = x
             u = u_at(idx)
 
             active = c.code == Result.SUCCESSFUL
-            y, dt, st, code, t_end, times = self.segment(
-                a, b, c.y, args, u, c.dt, n_fixed, record, active, None, keep_first
+            fsal_in = (c.f, same_u) if carry_f else None
+            out = self.segment(
+                a,
+                b,
+                c.y,
+                args,
+                u,
+                c.dt,
+                n_fixed,
+                record,
+                active,
+                None,
+                keep_first,
+                fsal_in,
             )
+            y, dt, st, code, t_end, times = out[:6]
+            f_out = out[6] if carry_f else None
             code = jnp.where(active, code, c.code)
             new_fail = (c.code == 0) & (code != 0)
             out_y = tree_where(
@@ -405,6 +471,7 @@ class Integrator(eqx.Module):
                 code,
                 jnp.where(new_fail, k, c.seg),
                 jnp.where(new_fail, t_end, c.t_fail),
+                f_out,
             )
             return carry, (out_y, times, st.n_accepted)
 
@@ -415,6 +482,7 @@ class Integrator(eqx.Module):
             jnp.zeros((), jnp.int32),
             jnp.zeros((), jnp.int32),
             bounds[0],
+            jtu.tree_map(jnp.zeros_like, y0) if carry_f else None,
         )
         c, (ys, times, n_acc) = lax.scan(body, init, xs)
         ys = jtu.tree_map(lambda a, b: jnp.concatenate([a[None], b], 0), y0, ys)

@@ -168,7 +168,8 @@ def _pack(y0):
     XLA CPU's loops over `(row, column)`: a 1-D buffer turns each slice of a
     `(stages, patch)` leaf into index arithmetic (a division per element)
     that does not vectorise. Measured on the reference model, 280 patches,
-    float32, one core: one evaluation 3.4-5.1 us with the `(16, 280)` buffer
+    float32, one core, its right-hand side written by hand: one evaluation
+    3.4-5.1 us with the `(16, 280)` buffer
     against 8.1-12.8 us with the `(4480,)` buffer, the same code otherwise.
     """
     leaves, struct = jtu.tree_flatten(y0)
@@ -194,29 +195,29 @@ def _pack(y0):
     spans = list(zip(bounds[:-1], bounds[1:], shapes, dtypes, strict=True))
 
     def unpack(buf):
-        leaves = [jnp.reshape(buf[a:b], s).astype(d) for a, b, s, d in spans]
+        # lax.split, whose transpose is one concatenate (slices transpose to
+        # a sum of zero-padded arrays)
+        parts = jax.lax.split(buf, rows, axis=0)
+        leaves = [
+            jnp.reshape(x, s).astype(d)
+            for x, (_, _, s, d) in zip(parts, spans, strict=True)
+        ]
         return jtu.tree_unflatten(struct, leaves)
 
     return pack(leaves), unpack, pack
 
 
 def _flat_vector_field(vector_field, y0, unravel, pack):
-    """The vector field on one flat state buffer.
+    """The vector field on the solver's state buffer (see [`_pack`][]).
 
     The state stays a pytree for the user (the vector field sees and returns
     pytrees, `ys` is a pytree), but the solver's arithmetic (stage
     combinations, error norms, step acceptance) runs on one contiguous buffer:
     one fused kernel per operation instead of one per leaf, which halved the
-    compile time and the kernel launches of a many-compartment model (measured
-    with XLA CPU's classic emitters).
-
-    Its price, measured with the default emitters on the reference model (280
-    patches, float32): the `concatenate` that packs the derivative makes one
-    evaluation 19 us in isolation against 8.7 us with pytree output (12 us
-    when written slice by slice, which gained only 7% inside the solver). Yet
-    the whole forward pass run on the pytree state (the integrator accepts
-    one) was no faster: compile 4.2 vs 2.9 s, evaluation median 65 vs 50 ms
-    (minimum 30 vs 38 ms), one kernel per leaf costing what the packing saves.
+    compile time and the kernel launches of a many-compartment model.
+    Measured on the reference model (280 patches, float32, one core): one
+    evaluation with the `(16, 280)` buffer costs about what the pytree-output
+    form does (7.5 us), where the `(4480,)` buffer cost 17.8 us.
     """
     struct = jtu.tree_structure(y0)
     shapes = [jnp.shape(x) for x in jtu.tree_leaves(y0)]
