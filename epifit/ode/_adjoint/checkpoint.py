@@ -47,10 +47,16 @@ class CheckpointAdjoint(AbstractAdjoint):
         buffer: the number of step states held per chunk in the backward pass.
         keep_first: keep the first step's stage states of each segment from
             the forward pass (see above); `False` replays every step.
+        unroll_first: pull a kept first step back with its stages unrolled
+            at trace time (one copy of the vector field's VJP per stage) rather
+            than in a run-time loop over a stage buffer; faster, at some
+            compile time (see `AbstractERK.step_vjp`). Steps that are
+            replayed always use the loop.
     """
 
     buffer: int = eqx.field(static=True, default=16)
     keep_first: bool = eqx.field(static=True, default=True)
+    unroll_first: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         if self.buffer < 1:
@@ -99,11 +105,11 @@ class CheckpointAdjoint(AbstractAdjoint):
                 return solver.loop_step(f, t_of(i), times_k[i], y, (a_p, up))
             return step(y, a_p, up, t_of(i), times_k[i]), y
 
-        def pull_back(i, kept, adj_y):
+        def pull_back(i, kept, adj_y, unroll=False):
             t0, t1 = t_of(i), times_k[i]
             if erk:
                 dy, (dap, dup) = solver.step_vjp(
-                    f, t0, t1, None, (a_p, up), adj_y, stage_states=kept
+                    f, t0, t1, None, (a_p, up), adj_y, stage_states=kept, unroll=unroll
                 )
                 return dy, dap, dup
             _, vjp = jax.vjp(lambda y, ap, up_: step(y, ap, up_, t0, t1), kept, a_p, up)
@@ -166,7 +172,7 @@ class CheckpointAdjoint(AbstractAdjoint):
 
         def one_step(adj_y):
             # The forward pass kept this step's stages: no replay, no buffer.
-            dy, dap, dup = pull_back(0, stages0, adj_y)
+            dy, dap, dup = pull_back(0, stages0, adj_y, unroll=self.unroll_first)
             return dy, list(dap), list(dup)
 
         return lax.cond(n == 1, one_step, chunked, adj_y)
