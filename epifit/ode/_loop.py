@@ -120,11 +120,9 @@ class Integrator(eqx.Module):
         `0.01 * ||y|| / ||f(y)||` in the controller's scaled norm (the first half
         of Hairer's heuristic), from the first-same-as-last state when there is
         one. The controller grows it by up to `factormax` per accepted step."""
-        from ._solver import AbstractERK
-
         c = self.controller
         first = dt <= 0
-        if isinstance(self.solver, AbstractERK) and self.solver.tableau.fsal:
+        if self.carries_fsal:
             f0, extra = fstate, 0
         else:
             # Only the first segment needs (and counts) this evaluation.

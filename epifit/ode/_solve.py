@@ -160,7 +160,8 @@ def _with_static_args(vector_field, args_static):
 
 
 def _pack(y0):
-    """`(buffer, unpack)`: the state as one array, and the way back.
+    """`(buffer, unpack, pack)`: the state as one array, the way back, and
+    the packing of a list of leaves (the vector field's output).
 
     When every leaf is at least 1-D and all share the last axis (`n` patches,
     say), the buffer is 2-D, `(rows, n)`: each leaf's leading axes become
@@ -186,13 +187,10 @@ def _pack(y0):
         return flat, unravel, pack_flat
     (n,) = lasts
     rows = [int(np.prod(s[:-1], dtype=np.int64)) for s in shapes]
-    bounds = np.cumsum([0, *rows])
 
     def pack(leaves):
         parts = zip(leaves, rows, strict=True)
         return jnp.concatenate([jnp.reshape(x, (r, n)).astype(dtype) for x, r in parts])
-
-    spans = list(zip(bounds[:-1], bounds[1:], shapes, dtypes, strict=True))
 
     def unpack(buf):
         # lax.split, whose transpose is one concatenate (slices transpose to
@@ -200,7 +198,7 @@ def _pack(y0):
         parts = jax.lax.split(buf, rows, axis=0)
         leaves = [
             jnp.reshape(x, s).astype(d)
-            for x, (_, _, s, d) in zip(parts, spans, strict=True)
+            for x, s, d in zip(parts, shapes, dtypes, strict=True)
         ]
         return jtu.tree_unflatten(struct, leaves)
 

@@ -115,15 +115,19 @@ class AbstractERK(AbstractSolver):
 
     def _coefficients(self, t0, t1, dtype):
         """The stages that influence `y1`, as arrays: `(s, A, b, c, h)`."""
+        s, a, b, c = self._kept_tableau()
+        A, b, c = (jnp.asarray(x, dtype) for x in (a, b, c))
+        return s, A, b, c, (t1 - t0).astype(dtype)
+
+    def _kept_tableau(self):
+        """`(s, a, b, c)` of the stages that influence `y1`, as NumPy arrays
+        (`a` square, zero-padded)."""
         tab = self.tableau
         s = self.n_kept_stages
         a = np.zeros((s, s))
         for i, row in enumerate(tab.a[: s - 1]):
             a[i + 1, : len(row)] = row
-        A = jnp.asarray(a, dtype)
-        b = jnp.asarray(tab.b[:s], dtype)
-        c = jnp.asarray((0.0, *tab.c[: s - 1]), dtype)
-        return s, A, b, c, (t1 - t0).astype(dtype)
+        return s, a, np.asarray(tab.b[:s], float), np.asarray((0.0, *tab.c[: s - 1]))
 
     def _stages(self, f, t0, t1, y0, theta):
         """The stage states `Y_i` of one step, computed in a run-time loop."""
@@ -185,6 +189,9 @@ class AbstractERK(AbstractSolver):
         else:
             Ys = stage_states
             s, A, b, c, h = self._coefficients(t0, t1, ct.dtype)
+        g0 = jtu.tree_map(jnp.zeros_like, theta)
+        if unroll:
+            return self._step_vjp_unrolled(f, t0, h, Ys, theta, ct, g0)
         zeros = jnp.zeros((s, *ct.shape), ct.dtype)
 
         def back(k, st):
@@ -196,24 +203,16 @@ class AbstractERK(AbstractSolver):
             g = jtu.tree_map(jnp.add, g, d_th)
             return lax.dynamic_update_index_in_dim(nu, d_y, i, 0), g
 
-        g0 = jtu.tree_map(jnp.zeros_like, theta)
-        if unroll:
-            return self._step_vjp_unrolled(f, t0, h, Ys, theta, ct, g0)
         nu, g = lax.fori_loop(0, s, back, (zeros, g0))
         return ct + nu.sum(axis=0), g
 
     def _step_vjp_unrolled(self, f, t0, h, Ys, theta, ct, g0):
         """[`step_vjp`][] with the stages unrolled at trace time."""
-        tab = self.tableau
-        s = self.n_kept_stages
-        a = np.zeros((s, s))
-        for i, row in enumerate(tab.a[: s - 1]):
-            a[i + 1, : len(row)] = row
-        c = (0.0, *tab.c[: s - 1])
+        s, a, b, c = self._kept_tableau()
         nus = [None] * s
         g = g0
         for i in reversed(range(s)):
-            mu = tab.b[i] * ct
+            mu = float(b[i]) * ct
             for j in range(i + 1, s):
                 if a[j, i] != 0.0:
                     mu = mu + float(a[j, i]) * nus[j]
