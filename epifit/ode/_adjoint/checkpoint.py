@@ -33,29 +33,34 @@ class CheckpointAdjoint(AbstractAdjoint):
     `buffer` steps is processed in chunks, re-replaying from the segment start
     (quadratic in `steps / buffer`, rarely needed on daily segments).
 
-    With an adaptive explicit Runge-Kutta solver the forward pass also keeps
-    the stage states of each segment's first accepted step (`keep_first`): a
-    segment of one step, the usual case on a daily grid, is then pulled back
-    with no replay and no buffer. This costs `O(n_segments * stages * |y|)`
-    memory (26 MB for the float32 reference problem, 280 patches and 238
-    segments: the compiled gradient's temporary memory is 51 instead of 27
-    MB) and saved 5-12% of the gradient's time there (measured, interleaved
-    in one process: 122 vs 129 ms median; earlier 169 vs 193 ms); segments of
-    several steps are replayed as above.
+    A segment of one step, the usual case on a daily grid, is pulled back
+    with no replay loop and no buffer: with an explicit Runge-Kutta solver the
+    step's stages are recomputed from the segment's start state (one forward
+    step) and back-propagated, both unrolled at trace time (`unroll_first`).
+    With `keep_first` (adaptive explicit Runge-Kutta solvers) the forward pass
+    keeps those stage states instead, at `O(n_segments * stages * |y|)`
+    memory: 26 MB on the float32 reference problem (280 patches, 238
+    segments), where the compiled gradient's temporary memory grows from 28
+    to 53 MB. That turned out slower than recomputing: writing and re-reading
+    the buffer, and fresh pages for a temporary arena above glibc's 32 MB
+    mmap threshold on every call, cost more than the five vector-field
+    evaluations per segment it saves (measured interleaved in one process:
+    70 ms recomputing, 102 ms kept, 124 ms with `unroll_first=False`; the
+    gradients agree bit for bit).
 
     Args:
         buffer: the number of step states held per chunk in the backward pass.
         keep_first: keep the first step's stage states of each segment from
-            the forward pass (see above); `False` replays every step.
-        unroll_first: pull a kept first step back with its stages unrolled
-            at trace time (one copy of the vector field's VJP per stage) rather
-            than in a run-time loop over a stage buffer; faster, at some
-            compile time (see `AbstractERK.step_vjp`). Steps that are
-            replayed always use the loop.
+            the forward pass (see above) instead of recomputing them.
+        unroll_first: pull a one-step segment back with its stages unrolled
+            at trace time (one copy of the vector field and of its VJP per
+            stage) rather than in a run-time loop over a stage buffer;
+            faster, at some compile time (see `AbstractERK.step_vjp`). Steps
+            that are replayed always use the loop.
     """
 
     buffer: int = eqx.field(static=True, default=16)
-    keep_first: bool = eqx.field(static=True, default=True)
+    keep_first: bool = eqx.field(static=True, default=False)
     unroll_first: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
@@ -105,11 +110,11 @@ class CheckpointAdjoint(AbstractAdjoint):
                 return solver.loop_step(f, t_of(i), times_k[i], y, (a_p, up))
             return step(y, a_p, up, t_of(i), times_k[i]), y
 
-        def pull_back(i, kept, adj_y, unroll=False):
+        def pull_back(i, kept, adj_y, unroll=False, y0=None):
             t0, t1 = t_of(i), times_k[i]
             if erk:
                 dy, (dap, dup) = solver.step_vjp(
-                    f, t0, t1, None, (a_p, up), adj_y, stage_states=kept, unroll=unroll
+                    f, t0, t1, y0, (a_p, up), adj_y, stage_states=kept, unroll=unroll
                 )
                 return dy, dap, dup
             _, vjp = jax.vjp(lambda y, ap, up_: step(y, ap, up_, t0, t1), kept, a_p, up)
@@ -167,12 +172,16 @@ class CheckpointAdjoint(AbstractAdjoint):
             )
             return adj_y, g_a, g_u
 
-        if stages0 is None:
+        if not erk:
             return chunked(adj_y)
 
         def one_step(adj_y):
-            # The forward pass kept this step's stages: no replay, no buffer.
-            dy, dap, dup = pull_back(0, stages0, adj_y, unroll=self.unroll_first)
+            # A segment of one step (the usual case on a daily grid) needs no
+            # replay loop and no buffer: its stages were kept by the forward
+            # pass, or are recomputed here from the segment's start state.
+            dy, dap, dup = pull_back(
+                0, stages0, adj_y, unroll=self.unroll_first, y0=y_a
+            )
             return dy, list(dap), list(dup)
 
         return lax.cond(n == 1, one_step, chunked, adj_y)
