@@ -81,17 +81,20 @@ SIR_U = jnp.asarray(1.0 - 0.4 / (1.0 + np.exp(-(np.arange(31.0) - 12.0) / 2.0)))
 SIR_Y0 = {"S": jnp.array(0.99), "I": jnp.array(0.01), "R": jnp.array(0.0)}
 
 
-def _sir_loss(x, adjoint, u=SIR_U, ctrl=CTRL):
-    args = {"beta": x[0], "gamma": x[1]}
-    sol = solve(
+def _sir_solve(x, adjoint=None, u=SIR_U, ctrl=CTRL, y0=SIR_Y0):
+    return solve(
         _sir,
-        SIR_Y0,
-        args,
+        y0,
+        {"beta": x[0], "gamma": x[1]},
         ts=SIR_TS,
         inputs=PiecewiseConstant(SIR_INPUT_TIMES, u),
         adjoint=adjoint,
         stepsize_controller=ctrl,
     )
+
+
+def _sir_loss(x, adjoint, u=SIR_U, ctrl=CTRL, y0=SIR_Y0):
+    sol = _sir_solve(x, adjoint, u, ctrl, y0)
     return jnp.sum(sol.ys["I"] ** 2) + 0.1 * jnp.sum(sol.ys["R"])
 
 
@@ -219,15 +222,7 @@ def test_checkpoint_variants_agree_on_an_adaptive_solve():
     gradient: they agree to rounding. At rtol 1e-4 the daily segments mix
     one-step and several-step ones (checked from the solve's statistics)."""
     ctrl = PIDController(rtol=1e-4, atol=1e-8)
-    args = {"beta": X_SIR[0], "gamma": X_SIR[1]}
-    sol = solve(
-        _sir,
-        SIR_Y0,
-        args,
-        ts=SIR_TS,
-        inputs=PiecewiseConstant(SIR_INPUT_TIMES, SIR_U),
-        stepsize_controller=ctrl,
-    )
+    sol = _sir_solve(X_SIR, ctrl=ctrl)
     n_seg = 2 * (SIR_TS.size - 1)  # save times and input jumps interleave
     assert n_seg < int(sol.stats["num_accepted_steps"]) < 2 * n_seg
     grads = {
@@ -244,16 +239,7 @@ def test_float32_gradients_are_close_to_float64():
     ctrl = PIDController(rtol=1e-5, atol=1e-7)
 
     def loss(x, adjoint):
-        sol = solve(
-            _sir,
-            y0,
-            {"beta": x[0], "gamma": x[1]},
-            ts=SIR_TS,
-            inputs=PiecewiseConstant(SIR_INPUT_TIMES, SIR_U.astype(jnp.float32)),
-            adjoint=adjoint,
-            stepsize_controller=ctrl,
-        )
-        return jnp.sum(sol.ys["I"] ** 2) + 0.1 * jnp.sum(sol.ys["R"])
+        return _sir_loss(x, adjoint, SIR_U.astype(jnp.float32), ctrl, y0)
 
     g64 = jax.grad(lambda x: _sir_loss(x, CheckpointAdjoint()))(X_SIR)
     for name in ("checkpoint", "backsolve", "interpolating", "quadrature"):

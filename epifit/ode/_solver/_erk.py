@@ -188,8 +188,7 @@ class AbstractERK(AbstractSolver):
         """
         if unroll:
             h = (t1 - t0).astype(ct.dtype)
-            g0 = jtu.tree_map(jnp.zeros_like, theta)
-            return self._step_vjp_unrolled(f, t0, h, y0, stage_states, theta, ct, g0)
+            return self._step_vjp_unrolled(f, t0, h, y0, stage_states, theta, ct)
         if stage_states is None:
             s, A, b, c, h, (Ys, _) = self._stages(f, t0, t1, y0, theta)
         else:
@@ -210,7 +209,7 @@ class AbstractERK(AbstractSolver):
         nu, g = lax.fori_loop(0, s, back, (zeros, g0))
         return ct + nu.sum(axis=0), g
 
-    def _step_vjp_unrolled(self, f, t0, h, y0, Ys, theta, ct, g0):
+    def _step_vjp_unrolled(self, f, t0, h, y0, Ys, theta, ct):
         """[`step_vjp`][] with the stages unrolled at trace time.
 
         Without the stage states `Ys`, they are recomputed from `y0`, and each
@@ -225,17 +224,18 @@ class AbstractERK(AbstractSolver):
             ki, vjp = jax.vjp(
                 lambda y, th, ci=float(c[i]): f(t0 + ci * h, y, th), yi, theta
             )
-            ks.append(ki)
+            if Ys is None:  # the slopes build the next stage states
+                ks.append(ki)
             vjps.append(vjp)
         nus = [None] * s
-        g = g0
+        g = None
         for i in reversed(range(s)):
             mu = float(b[i]) * ct
             for j in range(i + 1, s):
                 if a[j, i] != 0.0:
                     mu = mu + float(a[j, i]) * nus[j]
             nus[i], d_th = vjps[i](h * mu)
-            g = jtu.tree_map(jnp.add, g, d_th)
+            g = d_th if g is None else jtu.tree_map(jnp.add, g, d_th)
         total = ct
         for x in nus:
             total = total + x
