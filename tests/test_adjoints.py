@@ -28,6 +28,7 @@ from epifit.ode import (
     PIDController,
     PiecewiseConstant,
     QuadratureAdjoint,
+    SolverError,
     Tsit5,
     jacobian,
     solve,
@@ -249,26 +250,86 @@ def test_float32_gradients_are_close_to_float64():
         assert _rel(np.asarray(g, np.float64), g64) < 2e-3, name
 
 
-def test_checkpoint_memory_does_not_grow_with_steps_per_segment():
-    """The compiled gradient's temporary memory is the same for 40 and 400 steps
-    in one segment: the backward pass holds at most `buffer` step states."""
+def test_checkpoint_memory_is_bounded_by_the_buffer_not_the_steps():
+    """The compiled gradient's temporary memory grows with the replay buffer
+    (`buffer` kept steps) and not with `max_steps`: 4000 more allowed steps
+    per segment cost only their step times (a few scalars each), where a
+    store of every step's state would cost 4000 states."""
+    n = 500  # patches: the state is 3 x 500 float64, 12 kB
+    y0 = jtu.tree_map(lambda v: jnp.full((n,), v), SIR_Y0)
+    state_bytes = 3 * n * 8
 
-    def temp_bytes(dt):
+    def temp_bytes(max_steps, buffer):
         def loss(x):
             sol = solve(
                 _sir,
-                SIR_Y0,
+                y0,
                 {"beta": x[0], "gamma": x[1]},
                 ts=[0.0, 10.0],
-                stepsize_controller=ConstantStepSize(dt),
-                max_steps=1000,
+                stepsize_controller=ConstantStepSize(0.025),
+                adjoint=CheckpointAdjoint(buffer=buffer),
+                max_steps=max_steps,
             )
-            return sol.ys["I"][-1]
+            return jnp.sum(sol.ys["I"][-1])
 
         compiled = jax.jit(jax.grad(loss)).lower(X_SIR).compile()
         return compiled.memory_analysis().temp_size_in_bytes
 
-    assert temp_bytes(0.25) == temp_bytes(0.025)
+    base = temp_bytes(1000, 16)
+    more_steps = temp_bytes(5000, 16)
+    bigger_buffer = temp_bytes(1000, 64)
+    assert 0 <= more_steps - base <= 4000 * 8 * 4
+    # Each kept step holds at least its start state (Tsit5 keeps its 7 stages).
+    assert bigger_buffer - base >= 48 * state_bytes
+    assert base < 16 * (7 + 1) * state_bytes
+
+
+def _sir_grad(adjoint, *, throw=True, max_steps=4096, rtol=1e-6):
+    """The gradient of an SIR loss over one 30-day segment (no inputs)."""
+
+    def loss(x):
+        sol = solve(
+            _sir,
+            SIR_Y0,
+            {"beta": x[0], "gamma": x[1]},
+            ts=[0.0, 30.0],
+            stepsize_controller=PIDController(rtol=rtol, atol=1e-9),
+            adjoint=adjoint,
+            max_steps=max_steps,
+            throw=throw,
+        )
+        return sol.ys["I"][-1]
+
+    return jax.block_until_ready(jax.jit(jax.grad(loss))(X_SIR))
+
+
+def test_a_backward_pass_failure_names_the_adjoint_segment_and_cause():
+    """The forward solve succeeds; the backward pass cannot (its replay takes
+    more steps than the interpolation buffer holds, or its own controller needs
+    more steps than allowed). It raises at run time, naming the adjoint, the
+    segment and the cause, instead of returning a NaN gradient."""
+    with pytest.raises((SolverError, jax.errors.JaxRuntimeError)) as info:
+        _sir_grad(InterpolatingAdjoint(buffer=4))
+    message = str(info.value)
+    assert "backward pass of InterpolatingAdjoint over segment 0 [t=0, 30]" in message
+    assert "more than buffer=4 steps" in message
+
+    strict = PIDController(rtol=1e-12, atol=1e-14)
+    forward = _sir_grad(BacksolveAdjoint(), max_steps=60)  # the forward fits
+    assert np.all(np.isfinite(forward))
+    with pytest.raises((SolverError, jax.errors.JaxRuntimeError)) as info:
+        _sir_grad(BacksolveAdjoint(stepsize_controller=strict), max_steps=60)
+    message = str(info.value)
+    assert "backward pass of BacksolveAdjoint over segment 0 [t=0, 30]" in message
+    assert "maximum number of steps per segment (60)" in message
+
+
+def test_a_backward_pass_failure_gives_nan_with_throw_false():
+    g = _sir_grad(InterpolatingAdjoint(buffer=4), throw=False)
+    assert np.all(np.isnan(g))
+    # the same solve with room for its replay: the NaN came from the failure
+    ok = _sir_grad(InterpolatingAdjoint(buffer=64), throw=False)
+    assert np.all(np.isfinite(ok)) and np.all(ok != 0)
 
 
 # ------------------------------------------------------------------- box-car SEIRD

@@ -3,6 +3,9 @@ against scipy's DOP853 at tight tolerance, closed forms and finite differences."
 
 from __future__ import annotations
 
+import functools
+import types
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -14,16 +17,21 @@ from scipy.stats import linregress
 from epifit import jit
 from epifit.ode import (
     AbstractImplicitSolver,
+    BacksolveAdjoint,
     Bosh3,
+    CheckpointAdjoint,
     ConstantStepSize,
     Dopri5,
+    InterpolatingAdjoint,
     Kvaerno3,
     Kvaerno5,
     PIDController,
+    QuadratureAdjoint,
     Result,
     Tsit5,
     solve,
 )
+from epifit.ode._loop import Integrator
 
 # Solver tolerances on the non-stiff problems; the global error bound is as in
 # test_ode.py (local error accumulated over the steps; measured worst ~16x,
@@ -262,3 +270,42 @@ def test_implicit_gradient_matches_finite_differences():
         for i, h in enumerate(FD_STEP * np.asarray(theta))
     ]
     np.testing.assert_allclose(grad, np.asarray(fd), rtol=FD_AGREEMENT)
+
+
+def _sir_gradient(adjoint):
+    def loss(args):
+        sol = solve(
+            P.sir,
+            P.sir_y0(),
+            args,
+            ts=P.SIR_TS,
+            stepsize_controller=PIDController(rtol=1e-9, atol=1e-11),
+            adjoint=adjoint,
+        )
+        return jnp.sum(sol.ys["I"] ** 2)
+
+    return jit(jax.grad(loss))(P.sir_args())
+
+
+@functools.cache
+def _checkpoint_sir_gradient():
+    return _sir_gradient(CheckpointAdjoint())
+
+
+@pytest.mark.parametrize(
+    "kind",
+    [BacksolveAdjoint, InterpolatingAdjoint, QuadratureAdjoint],
+    ids=lambda k: k.__name__,
+)
+def test_a_stiff_solver_integrates_the_backward_pass(kind):
+    """A continuous adjoint with Kvaerno5 for its backward pass (and the
+    Newton tolerances taken from its backward controller) gives the gradient
+    the checkpoint adjoint gives through Tsit5."""
+    back = PIDController(rtol=1e-8, atol=1e-10)
+    stiff = kind(solver=Kvaerno5(), stepsize_controller=back)
+    got, want = _sir_gradient(stiff), _checkpoint_sir_gradient()
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-5, err_msg=k)
+    ctx = types.SimpleNamespace(integ=Integrator(None, Tsit5(), PIDController(), 16))
+    solver = stiff._backward_integrator(ctx, None, None).solver
+    assert (solver.newton_rtol, solver.newton_atol) == (1e-8, 1e-10)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 
-from epifit._paths import existing_file
+from epifit._paths import existing_file, output_file
 
 
 # ----------------------------------------------------------------- simulate
@@ -28,6 +29,7 @@ def _simulate(a) -> int:
     model = existing_file(a.model, "Model")
     data = existing_file(a.data, "Data") if a.data else None
     params = existing_file(a.params, "Parameter") if a.params else None
+    out = output_file(a.out)  # before the solve, not after it
     ds = simulate(
         model,
         data,
@@ -37,10 +39,8 @@ def _simulate(a) -> int:
         rtol=a.rtol,
         atol=a.atol,
     )
-    ds.attrs["command"] = "epifit simulate " + " ".join(
-        x for x in [a.model, f"--data {a.data}" if a.data else ""] if x
-    )
-    out = write_dataset(ds, a.out)
+    ds.attrs["command"] = _simulate_command(a)
+    out = write_dataset(ds, out)
     summary = {
         "out": str(out),
         "model": ds.attrs["model"],
@@ -56,6 +56,26 @@ def _simulate(a) -> int:
             f"{summary['patches']} patches, {summary['steps']} solver steps"
         )
     return 0
+
+
+def _simulate_command(a) -> str:
+    """The command line that reproduces `a`, paths as the user gave them and the
+    tolerances and precision used written out."""
+    words = ["epifit", "--dtype", a.dtype, "simulate", a.model]
+    for flag, value in [
+        ("--data", a.data),
+        ("--out", a.out),
+        ("--params", a.params),
+        ("--days", a.days),
+        ("--patches", a.patches),
+        ("--rtol", a.rtol),
+        ("--atol", a.atol),
+    ]:
+        if value is not None:
+            words += [flag, str(value)]
+    if a.json:
+        words.append("--json")
+    return shlex.join(words)
 
 
 # ----------------------------------------------------------------- adjoints

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -13,7 +14,14 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, TIME, DataError
+from epifit.data._synthetic import _mlp_to_json, _to_json
 from epifit.fitting._problem import Problem
+
+_DIMENSIONLESS = (
+    "dimensionless (CF '1'): counts or fractions of each patch's population, as "
+    "the model's initial state; the model file does not declare which"
+)
+_UNDECLARED = ("1", "dimensionless (CF '1'): the data variable declares no units")
 
 
 def epifit_version() -> str:
@@ -97,16 +105,73 @@ def simulate(
         A Dataset with `state (time, state_row, patch)` (every stage of every
         compartment, with a `compartment` coordinate on `state_row`), per
         compartment totals `<name> (time, patch)`, predicted observations
-        `predicted_<name>`, the observations themselves where present, and
-        provenance attributes.
+        `predicted_<name>`, the observations themselves where present, each
+        with `long_name` and `units`, and provenance attributes: the model and
+        data files and their hashes, `parameters` and `derived_parameters` (JSON
+        of the constrained values used), `parameters_source`, `params_file`
+        (the `values` file, or empty), `solver`, `stepsize_controller`, `rtol`
+        and `atol`.
     """
     problem = Problem(model, data, days=days, n_patches=n_patches)
     if params is None:
         params = load_params(problem, values)
+        if values is None:
+            source = "the model's initial values"
+        elif isinstance(values, str | os.PathLike):
+            source = f"the model's initial values, overridden from {values}"
+        else:
+            source = "the model's initial values, overridden by a mapping"
     elif values is not None:
         raise ValueError("Give either params (unconstrained) or values, not both.")
+    else:
+        source = "unconstrained params given to simulate"
     sol = problem.solve(params, rtol=rtol, atol=atol, solver=solver)
-    return trajectory_dataset(problem, params, sol)
+    attrs = {
+        **parameter_attrs(problem, params),
+        "parameters_source": source,
+        "params_file": str(values) if isinstance(values, str | os.PathLike) else "",
+        "solver": type(solver).__name__ if solver is not None else "Tsit5",
+        "stepsize_controller": "PIDController",
+        "rtol": float(rtol),
+        "atol": float(atol),
+    }
+    return trajectory_dataset(problem, params, sol, attrs=attrs)
+
+
+def parameter_attrs(problem: Problem, params) -> dict[str, str]:
+    """The constrained values of `params` as JSON attributes: `parameters`
+    (declared ones, per-patch ones as lists, neural sub-models as their layers'
+    `weight (out, in)` and `bias (out,)`) and `derived_parameters`."""
+    spec = problem.spec
+    constrained = problem.model.constrain(params)
+    values: dict[str, Any] = {p.name: constrained[p.name] for p in spec.parameters}
+    values |= {n.name: _mlp_to_json(constrained[n.name]) for n in spec.neural}
+    derived = {d.name: constrained[d.name] for d in spec.derived}
+    return {
+        "parameters": json.dumps(_to_json(values)),
+        "derived_parameters": json.dumps(_to_json(derived)),
+    }
+
+
+def _state_units(problem: Problem) -> tuple[str, str]:
+    """`units` of the state and where they come from: the data's initial-state
+    variables when they set the whole initial state and agree on their units,
+    else dimensionless (the model file declares no units)."""
+    names = [i.data for i in problem.spec.initial]
+    if problem.dataset is not None and names and None not in names:
+        found = {problem.dataset[n].attrs.get("units") for n in names}
+        if len(found) == 1 and None not in found:
+            return found.pop(), f"as the data's initial state ({', '.join(names)})"
+    return "1", _DIMENSIONLESS
+
+
+def _data_units(problem: Problem, name: str, default: tuple[str, str]):
+    """`units` of data variable `name` and where they come from, or `default`."""
+    if problem.dataset is not None and name in problem.dataset:
+        units = problem.dataset[name].attrs.get("units")
+        if units is not None:
+            return str(units), f"as the data variable '{name}'"
+    return default
 
 
 def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Dataset:
@@ -120,8 +185,13 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
         rows += [name] if k == 1 else [f"{name}{j + 1}" for j in range(k)]
         comp_of_row += [name] * k
     state = np.concatenate(blocks, axis=1)
+    if problem.dates is not None:  # CF time units are set when written
+        time = (TIME, problem.dates, {"long_name": "date"})
+    else:
+        time = (TIME, problem.ts, {"long_name": "day", "units": "days"})
+    units, units_from = _state_units(problem)
     coords = {
-        TIME: problem.dates if problem.dates is not None else problem.ts,
+        TIME: time,
         "state_row": rows,
         PATCH: list(problem.patches),
         "compartment_of_row": ("state_row", comp_of_row),
@@ -130,14 +200,22 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
         "state": (
             (TIME, "state_row", PATCH),
             state,
-            {"long_name": "state of every stage of every compartment"},
+            {
+                "long_name": "state of every stage of every compartment",
+                "units": units,
+                "units_comment": units_from,
+            },
         )
     }
     for name in model.compartments:
         data_vars[name] = (
             (TIME, PATCH),
             ys[name].sum(axis=1),
-            {"long_name": f"compartment {name}, all stages"},
+            {
+                "long_name": f"compartment {name}, all stages",
+                "units": units,
+                "units_comment": units_from,
+            },
         )
     predicted = problem.predict(params, sol.ys)
     n_t = problem.ts.size
@@ -145,16 +223,31 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
         s = np.asarray(series)
         if s.shape[0] == n_t - 1:  # incidence: nothing on the first day
             s = np.concatenate([np.full((1, s.shape[1]), np.nan), s], 0)
+        obs_units, obs_from = _data_units(problem, name, (units, units_from))
         data_vars[f"predicted_{name}"] = (
             (TIME, PATCH),
             s,
-            {"long_name": f"model prediction of '{name}'"},
+            {
+                "long_name": f"model prediction of '{name}'",
+                "units": obs_units,
+                "units_comment": obs_from,
+            },
         )
     if problem.dataset is not None:
         for name, obs in problem.observed.items():
             o = np.where(np.asarray(problem.mask[name]), np.asarray(obs), np.nan)
             if o.shape[0] == n_t:
-                data_vars[f"observed_{name}"] = ((TIME, PATCH), o)
+                obs_units, obs_from = _data_units(problem, name, _UNDECLARED)
+                long_name = problem.dataset[name].attrs.get("long_name", name)
+                data_vars[f"observed_{name}"] = (
+                    (TIME, PATCH),
+                    o,
+                    {
+                        "long_name": f"observed: {long_name}",
+                        "units": obs_units,
+                        "units_comment": obs_from,
+                    },
+                )
     stats = {k: int(np.asarray(v)) for k, v in sol.stats.items()}
     base = {
         "title": f"epifit simulation of model '{problem.spec.name}'",

@@ -42,3 +42,31 @@ def format_failure(
         f"ODE solve failed in segment {segment} [t={t_start:g}, {t_end:g}] at "
         f"t={t:.6g}: {reason}."
     )
+
+
+# A segment of the continuous adjoints' backward pass whose forward replay took
+# more steps than the dense-output buffer holds (not a `Solution.result` code).
+BUFFER_EXCEEDED = 100
+
+
+def format_backward_failure(
+    adjoint: str,
+    code: int,
+    segment: int,
+    t: float,
+    t_start: float,
+    t_end: float,
+    max_steps: int,
+    buffer: int | None,
+) -> str:
+    if code == BUFFER_EXCEEDED:
+        reason = (
+            f"the forward solve took more than buffer={buffer} steps in this "
+            f"segment; raise {adjoint}(buffer=...)"
+        )
+    else:
+        reason = MESSAGES[Result(code)].format(max_steps=max_steps)
+    return (
+        f"The gradient failed: the backward pass of {adjoint} over segment "
+        f"{segment} [t={t_start:g}, {t_end:g}] stopped at t={t:.6g}: {reason}."
+    )

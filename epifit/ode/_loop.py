@@ -91,6 +91,9 @@ class Integrator(eqx.Module):
     max_steps: int = eqx.field(static=True)
     # Optional: restricts the error norm to part of the state (seminorms).
     norm_select: object = eqx.field(static=True, default=None)
+    # Whether a failure raises (`solve(..., throw=...)`); the reverse-mode
+    # adjoints apply it to their backward passes too.
+    throw: bool = eqx.field(static=True, default=True)
 
     @property
     def adaptive(self):

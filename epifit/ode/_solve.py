@@ -63,7 +63,11 @@ def solve(
             naming the segment, time and cause is raised; inside `jit` the same
             message is raised at run time. With `throw=False` failures are
             reported in `Solution.result` and the states after the failure are
-            NaN.
+            NaN. The same holds for the backward pass of a continuous adjoint
+            (too many steps, a step too small, a non-finite adjoint state, a
+            segment longer than its `buffer`): it raises a `SolverError`
+            naming the adjoint, the segment and the cause, or, with
+            `throw=False`, gives a NaN gradient.
 
     Returns:
         A [`epifit.ode.Solution`][].
@@ -136,7 +140,7 @@ def solve(
         vector_field = _with_static_args(vector_field, args_static)
     flat0, unravel, pack = _pack(y0)
     vf_flat = _flat_vector_field(vector_field, y0, unravel, pack)
-    integ = Integrator(vf_flat, solver, stepsize_controller, max_steps)
+    integ = Integrator(vf_flat, solver, stepsize_controller, max_steps, throw=throw)
     ys_all, stats, fail = adjoint.loop(integ, grid, flat0, args, values, dt0)
     save = jnp.asarray(grid.save_index)
     ys = jax.vmap(unravel)(ys_all[save])

@@ -16,9 +16,11 @@ import jax
 import jax.lax as lax
 import jax.numpy as jnp
 import jax.tree_util as jtu
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._misc import tree_add
+from .._errors import Result, SolverError, format_backward_failure
+from .._misc import tree_add, tree_all_finite
 
 _FORWARD_MODE = contextvars.ContextVar("epifit_forward_mode", default=False)
 
@@ -137,7 +139,11 @@ def reverse_loop(
         ct_ys = jtu.tree_map(materialize, ct[0])
         dtype = jnp.result_type(*jtu.tree_leaves(ys))
         ctx = SegmentContext(integ, grid, a_l_, a_idx, a_def, v_idx, v_def, dtype)
-        adj_y, adj_a, adj_v = _reverse_scan(adjoint, ctx, ys, ct_ys, v_l_, times, n_acc)
+        adj_y, adj_a, adj_v, fail = _reverse_scan(
+            adjoint, ctx, ys, ct_ys, v_l_, times, n_acc
+        )
+        if fail is not None and integ.throw:
+            _raise_if_backward_failed(adjoint, integ, grid, *fail)
         adj_y_l = [
             g if p else None
             for g, p in zip(jtu.tree_leaves(adj_y), box["y_pert"], strict=True)
@@ -154,20 +160,51 @@ def reverse_loop(
     return run(y0_l, a_l, v_l)
 
 
+def _raise_if_backward_failed(adjoint, integ, grid, code, seg, t_stop):
+    """Raise, at run time, the first failure of a backward pass (in the order
+    the pass met them: the latest segment first) as a `SolverError`."""
+    name = type(adjoint).__name__
+    buffer = getattr(adjoint, "buffer", None)
+
+    def check(code, seg, t_stop):
+        code, seg = int(np.asarray(code)), int(np.asarray(seg))
+        if code != Result.SUCCESSFUL:
+            raise SolverError(
+                format_backward_failure(
+                    name,
+                    code,
+                    seg,
+                    float(np.asarray(t_stop)),
+                    float(grid.bounds[seg]),
+                    float(grid.bounds[seg + 1]),
+                    integ.max_steps,
+                    buffer,
+                )
+            )
+
+    jax.debug.callback(check, code, seg, t_stop)
+
+
 def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc):
+    """The backward scan over the segments. Returns `(adj_y0, adj_args,
+    adj_values, fail)`, with `fail = (code, segment, t)` of the backward
+    pass's first failure where the adjoint reports them
+    (`adjoint.backward_can_fail`), else None."""
     grid = ctx.grid
     bounds = jnp.asarray(grid.bounds, ctx.dtype)
     n_seg = grid.input_index.size
     a_p = [ctx.a_l[i] for i in ctx.a_idx]
+    can_fail = getattr(adjoint, "backward_can_fail", False)
 
     def body(carry, x):
-        adj_y, adj_a, adj_v = carry
+        adj_y, adj_a, adj_v, fail = carry
         k, idx = x
+        adj_y_in = adj_y
         y_a = jtu.tree_map(lambda v: v[k], ys)
         y_b = jtu.tree_map(lambda v: v[k + 1], ys)
         u_l = [lax.dynamic_index_in_dim(v, idx, 0, False) for v in v_l]
         up = [u_l[i] for i in ctx.v_idx]
-        adj_y, g_a, g_u = adjoint.segment_backward(
+        out = adjoint.segment_backward(
             ctx,
             k,
             bounds[k],
@@ -181,18 +218,32 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc):
             jtu.tree_map(lambda x: x[k], times),
             n_acc[k],
         )
+        adj_y, g_a, g_u = out[:3]
+        if can_fail:
+            code, t_stop = out[3]
+            # A cotangent that arrives non-finite (a NaN loss, say) is not the
+            # backward pass's failure: its gradient is NaN, nothing is raised.
+            code = jnp.where(tree_all_finite(adj_y_in), code, 0)
+            first = (fail[0] == 0) & (code != 0)
+            fail = (
+                jnp.where(first, code, fail[0]),
+                jnp.where(first, k, fail[1]),
+                jnp.where(first, t_stop.astype(fail[2].dtype), fail[2]),
+            )
         adj_a = [x + g.astype(x.dtype) for x, g in zip(adj_a, g_a, strict=True)]
         adj_v = [
             x.at[idx].add(g.astype(x.dtype)) for x, g in zip(adj_v, g_u, strict=True)
         ]
         adj_y = tree_add(adj_y, jtu.tree_map(lambda c: c[k], ct_ys))
-        return (adj_y, adj_a, adj_v), None
+        return (adj_y, adj_a, adj_v, fail), None
 
+    zero = jnp.zeros((), jnp.int32)
     init = (
         jtu.tree_map(lambda c: c[n_seg], ct_ys),
         [jnp.zeros_like(x) for x in a_p],
         [jnp.zeros_like(v_l[i]) for i in ctx.v_idx],
+        (zero, zero, jnp.zeros((), ctx.dtype)) if can_fail else None,
     )
     xs = (jnp.arange(n_seg, dtype=jnp.int32), jnp.asarray(grid.input_index))
-    (adj_y, adj_a, adj_v), _ = lax.scan(body, init, xs, reverse=True)
-    return adj_y, adj_a, adj_v
+    (adj_y, adj_a, adj_v, fail), _ = lax.scan(body, init, xs, reverse=True)
+    return adj_y, adj_a, adj_v, fail

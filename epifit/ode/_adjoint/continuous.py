@@ -18,11 +18,11 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
-from .._errors import Result
+from .._errors import BUFFER_EXCEEDED, Result
 from .._loop import Integrator
 from .._misc import tree_all_finite
-from .._solver import AbstractERK, AbstractSolver
-from .._step_size import AbstractStepSizeController, ConstantStepSize
+from .._solver import AbstractERK, AbstractImplicitSolver, AbstractSolver
+from .._step_size import AbstractStepSizeController, ConstantStepSize, PIDController
 from ._common import reverse_loop
 from .base import AbstractAdjoint
 
@@ -44,6 +44,12 @@ def _nan_if(bad, tree):
     return jtu.tree_map(lambda x: jnp.where(bad, jnp.nan, x), tree)
 
 
+def _with_buffer_check(code, n, buffer):
+    """The backward segment's outcome, with a forward replay of more than
+    `buffer` steps (which the dense output cannot hold) as a failure."""
+    return jnp.where(n > buffer, BUFFER_EXCEEDED, code).astype(jnp.int32)
+
+
 class _AbstractContinuousAdjoint(AbstractAdjoint):
     solver: AbstractSolver | None = None
     stepsize_controller: AbstractStepSizeController | None = None
@@ -55,6 +61,12 @@ class _AbstractContinuousAdjoint(AbstractAdjoint):
         )
 
     _record = True
+    # A backward segment can fail (too many steps, a step too small, a
+    # non-finite adjoint, a forward replay longer than `buffer`): the fourth
+    # value `segment_backward` returns is `(code, t)`, and the failure is
+    # raised as a `SolverError` when the solve has `throw=True` (see
+    # `_common._reverse_scan`); with `throw=False` the gradient is NaN.
+    backward_can_fail = True
 
     def _backward_integrator(self, ctx, vf_aug, norm_select):
         solver = ctx.integ.solver if self.solver is None else self.solver
@@ -63,6 +75,11 @@ class _AbstractContinuousAdjoint(AbstractAdjoint):
             if self.stepsize_controller is None
             else self.stepsize_controller
         )
+        if isinstance(solver, AbstractImplicitSolver) and isinstance(
+            ctrl, PIDController
+        ):
+            # an implicit backward solver's unset Newton tolerances, as in `solve`
+            solver = solver.with_default_tolerances(ctrl.rtol, ctrl.atol)
         return Integrator(vf_aug, solver, ctrl, ctx.integ.max_steps, norm_select)
 
     def _integrate(self, ctx, k, a, b, integ_b, z_b, args_aug, quad=None):
@@ -76,9 +93,9 @@ class _AbstractContinuousAdjoint(AbstractAdjoint):
         out = integ_b.segment(
             -b, -a, z_b, args_aug, None, b - a, n_fixed, record=False, quad=quad
         )
-        z_a, code = out[0], out[3]
+        z_a, code, t_stop = out[0], out[3], -out[4]
         acc = out[6] if quad is not None else None
-        return z_a, code, acc
+        return z_a, code, acc, t_stop
 
 
 # ---------------------------------------------------------------------- backsolve
@@ -132,10 +149,10 @@ class BacksolveAdjoint(_AbstractContinuousAdjoint):
             [jnp.zeros_like(x) for x in a_p],
             [jnp.zeros_like(x) for x in up],
         )
-        z_a, code, _ = self._integrate(ctx, k, a, b, integ_b, z_b, (a_p, up))
+        z_a, code, _, t_stop = self._integrate(ctx, k, a, b, integ_b, z_b, (a_p, up))
         bad = code != Result.SUCCESSFUL
         _, lam, g_a, g_u = _nan_if(bad, z_a)
-        return lam, g_a, g_u
+        return lam, g_a, g_u, (code, t_stop)
 
 
 # ------------------------------------------------------------- dense forward state
@@ -200,7 +217,8 @@ class InterpolatingAdjoint(_AbstractContinuousAdjoint):
 
     **Memory**: `O(n_segments * |y| + buffer * |y|)`. **Cost**: one forward
     replay per segment plus one vector-field VJP per backward stage. A segment
-    with more than `buffer` accepted steps gives NaN gradients: raise `buffer`.
+    with more than `buffer` accepted steps fails the backward pass (see
+    [`epifit.ode.solve`][]'s `throw`): raise `buffer`.
 
     Args:
         solver, stepsize_controller, seminorm: as for
@@ -232,10 +250,10 @@ class InterpolatingAdjoint(_AbstractContinuousAdjoint):
         sel = (lambda z: z[0]) if self.seminorm else None
         integ_b = self._backward_integrator(ctx, vf_aug, sel)
         z_b = (adj_y, [jnp.zeros_like(x) for x in a_p], [jnp.zeros_like(x) for x in up])
-        z_a, code, _ = self._integrate(ctx, k, a, b, integ_b, z_b, (a_p, up))
-        bad = (code != Result.SUCCESSFUL) | (n > self.buffer)
-        lam, g_a, g_u = _nan_if(bad, z_a)
-        return lam, g_a, g_u
+        z_a, code, _, t_stop = self._integrate(ctx, k, a, b, integ_b, z_b, (a_p, up))
+        code = _with_buffer_check(code, n, self.buffer)
+        lam, g_a, g_u = _nan_if(code != Result.SUCCESSFUL, z_a)
+        return lam, g_a, g_u, (code, t_stop)
 
 
 _GL_NODES = (0.5 - float(np.sqrt(15)) / 10, 0.5, 0.5 + float(np.sqrt(15)) / 10)
@@ -312,8 +330,14 @@ class QuadratureAdjoint(_AbstractContinuousAdjoint):
             return g_a, g_u
 
         acc0 = ([jnp.zeros_like(x) for x in a_p], [jnp.zeros_like(x) for x in up])
-        lam_a, code, (g_a, g_u) = self._integrate(
+        lam_a, code, (g_a, g_u), t_stop = self._integrate(
             ctx, k, a, b, integ_b, adj_y, None, quad=(quad_fn, acc0)
         )
-        bad = (code != Result.SUCCESSFUL) | (n > self.buffer) | ~tree_all_finite(lam_a)
-        return _nan_if(bad, (lam_a, g_a, g_u))
+        code = jnp.where(
+            (code == Result.SUCCESSFUL) & ~tree_all_finite(lam_a),
+            Result.NONFINITE_STATE,
+            code,
+        )
+        code = _with_buffer_check(code, n, self.buffer)
+        lam_a, g_a, g_u = _nan_if(code != Result.SUCCESSFUL, (lam_a, g_a, g_u))
+        return lam_a, g_a, g_u, (code, t_stop)
