@@ -10,7 +10,14 @@ they are exactly the configurations epifit is measured against.
 
     python benchmarks/forward.py --dtype float32 --json out/forward.json
 
-Prints a table with ratios to epifit and writes the records as JSON.
+epifit runs twice: with Tsit5, the peers' solver, and with Bosh3, a lower-order
+pair that suffices when the inputs' half-day jumps, not the tolerance, bound
+every step; each record's `loss_rel_err` (against the float64 reference loss
+that `benchmarks/gradient.py` computes and caches in `out/`, when present)
+shows what the cheaper solver costs in accuracy.
+
+Prints a table with ratios to epifit (Tsit5) and to epifit-bosh3, and writes
+the records as JSON.
 """
 
 from __future__ import annotations
@@ -24,7 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _harness as h  # noqa: E402
 
 TOOLS = {
-    "epifit": ["epifit"],
+    # epifit with Tsit5, like for like with the peers, and with Bosh3: a
+    # third-order pair, enough where the half-day jumps of the inputs bound
+    # every step (its error against the reference is reported beside it)
+    "epifit": ["epifit", "epifit-bosh3"],
     "diffrax": ["diffrax-tsit5", "diffrax-tsit5-pytree-bounded"],
     "odeint": ["odeint", "odeint-closure"],
 }
@@ -42,14 +52,18 @@ def _setup(sm, n, days, dtype):
     return P, fdt
 
 
-def epifit_loss(sm, P, fdt, n, rtol, atol, adjoint=None):
-    """The reference loss written with epifit: args (p_flat, init, covariates, data)."""
+def epifit_loss(sm, P, fdt, n, rtol, atol, adjoint=None, solver=None):
+    """The reference loss written with epifit: args (p_flat, init, covariates, data).
+
+    `solver` defaults to Tsit5 (the peers' solver)."""
     import jax.numpy as jnp
     import numpy as np
     from helpers import params_from_flat, reference_covariates, reference_initial_data
 
     import epifit.model as em
     from epifit.ode import PIDController, Tsit5, solve
+
+    solver = Tsit5() if solver is None else solver
 
     model = em.compile_model(
         em.load_model(h.ROOT / "models" / "seird_metapop_mobility.toml")
@@ -73,7 +87,7 @@ def epifit_loss(sm, P, fdt, n, rtol, atol, adjoint=None):
             args,
             ts=ts,
             inputs=inputs,
-            solver=Tsit5(),
+            solver=solver,
             stepsize_controller=ctrl,
             adjoint=adjoint,
         )
@@ -104,8 +118,14 @@ def worker(a) -> dict:
         "days": a.days,
         "solver": "tsit5",
     }
-    if a.worker == "epifit":
-        loss, steps_fn, args = epifit_loss(sm, P, fdt, a.n_patches, a.rtol, a.atol)
+    if a.worker.startswith("epifit"):
+        from epifit.ode import Bosh3, Tsit5
+
+        solver = Bosh3() if a.worker == "epifit-bosh3" else Tsit5()
+        rec["solver"] = type(solver).__name__.lower()
+        loss, steps_fn, args = epifit_loss(
+            sm, P, fdt, a.n_patches, a.rtol, a.atol, solver=solver
+        )
         jax.block_until_ready(args)
         rec["base_rss_mb"] = round(h.maxrss_mb(), 1)
         import epifit
@@ -146,6 +166,10 @@ def worker(a) -> dict:
             rec["steps"] = int(st["num_steps"])
     rec["loss"] = float(val)
     rec["peak_rss_mb"] = round(h.maxrss_mb(), 1)
+    ref = h.ROOT / "out" / f"gradient_ref_{a.n_patches}_{a.days}.npz"
+    if ref.exists():  # the tight float64 reference of benchmarks/gradient.py
+        ref_loss = float(np.load(ref)["loss"])
+        rec["loss_rel_err"] = abs(float(val) - ref_loss) / abs(ref_loss)
     return rec
 
 
@@ -207,10 +231,15 @@ def main(argv=None) -> int:
             )
             group.append(rec)
         ref = next((r for r in group if r["config"] == "epifit" and "fwd_s" in r), None)
+        bosh = next(
+            (r for r in group if r["config"] == "epifit-bosh3" and "fwd_s" in r), None
+        )
         for r in group:
             if ref and "fwd_s" in r:
                 r["fwd_vs_epifit"] = r["fwd_s"] / ref["fwd_s"]
                 r["compile_vs_epifit"] = r["fwd_compile_s"] / ref["fwd_compile_s"]
+            if bosh and "fwd_s" in r:
+                r["fwd_vs_epifit_bosh3"] = r["fwd_s"] / bosh["fwd_s"]
             if "peak_rss_mb" in r and r.get("base_rss_mb"):
                 r["rss_over_base"] = r["peak_rss_mb"] / r["base_rss_mb"]
         records += group
@@ -224,12 +253,14 @@ def main(argv=None) -> int:
                 ("fwd_compile_s", "compile s", "{:.2f}"),
                 ("fwd_s", "eval s", "{:.4f}"),
                 ("fwd_vs_epifit", "eval x epifit", "{:.1f}"),
+                ("fwd_vs_epifit_bosh3", "eval x bosh3", "{:.1f}"),
                 ("compile_vs_epifit", "compile x epifit", "{:.1f}"),
                 ("steps", "steps", "{}"),
                 ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
                 ("base_rss_mb", "base RSS MB", "{:.0f}"),
                 ("rss_over_base", "RSS/base", "{:.2f}"),
                 ("loss", "loss", "{:.6g}"),
+                ("loss_rel_err", "loss rel err", "{:.1e}"),
             ],
         )
     )

@@ -13,10 +13,9 @@ the shared runner's `--peer reference`, computed once and cached in `out/`).
     python benchmarks/gradient.py --scaling 50,100,280,500,1000,2000 --tools epifit
 
 Gradients are taken with respect to the reference's flat parameter vector at
-its perturbed start `p_init`, with `jax.value_and_grad` for every adjoint:
-`ForwardAdjoint` then solves one batch of tangents per `chunk` of the several
-hundred parameters (the MLP's weights and the per-patch scales), which is the
-cost it documents, not a flaw of the run. The reference gradient is computed
+its perturbed start `p_init`, with `jax.value_and_grad` for every reverse
+adjoint; the forward entry is `epifit.ode.jacobian` of the loss (one tangent
+per parameter; `grad_method` says which). The reference gradient is computed
 up to `--ref-max-patches` (default 280) patches; above, `grad_rel_err` is left
 out and the run says so.
 """
@@ -34,7 +33,9 @@ from forward import _setup, epifit_loss  # noqa: E402
 
 EPIFIT_ADJOINTS = ["checkpoint", "backsolve", "interpolating", "quadrature", "forward"]
 TOOLS = {
-    "epifit": [f"epifit-{a}" for a in EPIFIT_ADJOINTS],
+    # every adjoint with Tsit5 (the peers' solver), and the default adjoint with
+    # Bosh3 (see benchmarks/forward.py; its grad_rel_err is reported beside it)
+    "epifit": [f"epifit-{a}" for a in EPIFIT_ADJOINTS] + ["epifit-bosh3"],
     "diffrax": [
         "diffrax-tsit5",
         "diffrax-tsit5-backsolve",
@@ -79,17 +80,38 @@ def worker(a) -> dict:
     }
     if cfg.startswith("epifit"):
         import epifit
+        from epifit.ode import Bosh3, Tsit5
 
-        name = cfg.split("-", 1)[1]
+        bosh3 = cfg == "epifit-bosh3"
+        name = "checkpoint" if bosh3 else cfg.split("-", 1)[1]
         rec["adjoint"] = name
-        rec["default"] = name == "checkpoint"
+        rec["solver"] = "bosh3" if bosh3 else "tsit5"
+        rec["default"] = name == "checkpoint" and not bosh3
         loss, _, args = epifit_loss(
-            sm, P, fdt, a.n_patches, a.rtol, a.atol, adjoint=_adjoint(name)
+            sm,
+            P,
+            fdt,
+            a.n_patches,
+            a.rtol,
+            a.atol,
+            adjoint=_adjoint(name),
+            solver=Bosh3() if bosh3 else Tsit5(),
         )
         jit = epifit.jit
-        # Every adjoint, ForwardAdjoint included (one batched forward-sensitivity
-        # solve per `chunk` parameters), through `jax.value_and_grad`.
-        vg = jax.value_and_grad(loss)
+        if name == "forward":
+            # Forward sensitivities as a user should take them here: the
+            # Jacobian of the scalar loss in the flat parameters, one tangent
+            # per parameter (epifit.ode.jacobian runs the solves forward).
+            # `jax.value_and_grad` with ForwardAdjoint would solve one tangent
+            # per element of the solve's differentiated inputs instead, here
+            # the 120 x 280 per-day transmission rates the MLP computes: it
+            # had not finished after 20 minutes (5.6 GB RSS) when stopped.
+            jac = epifit.ode.jacobian(loss)
+            vg = lambda *xs: (loss(*xs), jac(*xs))  # noqa: E731
+            rec["grad_method"] = "jacfwd"
+        else:
+            vg = jax.value_and_grad(loss)
+            rec["grad_method"] = "value_and_grad"
     else:
         import types
 
@@ -101,6 +123,7 @@ def worker(a) -> dict:
             if "backsolve" in cfg or cfg.startswith("odeint")
             else "recursive-checkpoint"
         )
+        rec["solver"] = "dopri5" if cfg.startswith("odeint") else "tsit5"
         rec["default"] = False  # `default` marks epifit's default adjoint
         rec["peer_default"] = cfg in ("diffrax-tsit5", "odeint")
         ns = types.SimpleNamespace(rtol=a.rtol, atol=a.atol, T=a.days, max_steps=4096)
@@ -198,6 +221,7 @@ COLUMNS = [
     ("grad_s", "grad s", "{:.4f}"),
     ("grad_over_fwd", "grad/fwd", "{:.2f}"),
     ("grad_vs_epifit", "grad x epifit", "{:.1f}"),
+    ("grad_vs_epifit_bosh3", "grad x bosh3", "{:.1f}"),
     ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
     ("grad_rel_err", "grad rel err", "{:.2e}"),
 ]
@@ -266,7 +290,9 @@ def main(argv=None) -> int:
                 c
                 for t in a.tools.split(",")
                 for c in TOOLS[t.strip()]
-                if not c.startswith("epifit-") or c.split("-", 1)[1] in adjoints
+                if not c.startswith("epifit-")
+                or c.split("-", 1)[1] in adjoints
+                or (c == "epifit-bosh3" and "checkpoint" in adjoints)
                 if c not in a.skip.split(",")
             ]
             group = []
@@ -313,9 +339,15 @@ def main(argv=None) -> int:
                 ),
                 None,
             )
+            bosh = next(
+                (r for r in group if r["config"] == "epifit-bosh3" and "grad_s" in r),
+                None,
+            )
             for r in group:
                 if base and "grad_s" in r:
                     r["grad_vs_epifit"] = r["grad_s"] / base["grad_s"]
+                if bosh and "grad_s" in r:
+                    r["grad_vs_epifit_bosh3"] = r["grad_s"] / bosh["grad_s"]
             records += group
     print()
     print(h.table(records, COLUMNS))
