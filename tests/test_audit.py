@@ -17,6 +17,7 @@ import xarray as xr
 from scipy.integrate import solve_ivp
 
 import epifit.fitting
+import epifit.fitting._audit as audit_module
 from epifit.cli import main
 from epifit.fitting import Problem, audit_adjoints
 from epifit.fitting._audit import _recommend, default_adjoints
@@ -229,6 +230,20 @@ def test_float32_audit_has_a_float64_reference():
     # float32 rounding (eps 6e-8, amplified by the solve) shows, but stays small
     assert 0 < rec["rel_error"] < 1e-3
     assert audit32.recommended == "checkpoint"
+
+
+def test_a_non_finite_reference_gradient_is_an_error(problem, monkeypatch):
+    """When the reference gradient is NaN (the solves succeed but the loss's
+    derivative does not exist there), no adjoint can be judged: the audit says
+    so instead of recommending by NaN disagreements. (Non-finite parameters
+    already stop the reference solve with a SolverError.)"""
+
+    def nan_reference(problem, params, static, rtol, atol):
+        return jax.tree.map(lambda x: np.full(np.shape(x), np.nan), params)
+
+    monkeypatch.setattr(audit_module, "_reference_gradient", nan_reference)
+    with pytest.raises(RuntimeError, match="reference gradient .* is not finite"):
+        audit_adjoints(problem, adjoints={"checkpoint": CheckpointAdjoint()})
 
 
 # ------------------------------------------------------------------ the CLI

@@ -177,7 +177,8 @@ def audit_adjoints(
         |g_ref|`, 2-norms over all parameters) and `finite`.
 
     Raises:
-        RuntimeError: if no adjoint gives a finite gradient.
+        RuntimeError: if the reference gradient is not finite, or no
+            adjoint's gradient is.
     """
     params = problem.init_params() if params is None else params
     adjoints = default_adjoints() if adjoints is None else adjoints
@@ -192,6 +193,13 @@ def audit_adjoints(
 
     ref_tree = _reference_gradient(problem, params, static, rtol * 1e-4, atol * 1e-4)
     g_ref = ravel_pytree(ref_tree)[0]
+    if not np.all(np.isfinite(g_ref)):
+        raise RuntimeError(
+            "The reference gradient (checkpoint adjoint, float64, tolerances "
+            f"rtol={rtol * 1e-4:g}, atol={atol * 1e-4:g}) is not finite at these "
+            "parameters, so no adjoint can be compared with it; check the "
+            "parameters and the loss (a solve that fails gives NaN)."
+        )
     ref_norm = max(np.linalg.norm(g_ref), np.finfo(np.float64).tiny)
 
     records = []

@@ -103,7 +103,7 @@ def simulate(
 
     Returns:
         A Dataset with `state (time, state_row, patch)` (every stage of every
-        compartment, with a `compartment` coordinate on `state_row`), per
+        compartment, with a `compartment_of_row` coordinate on `state_row`), per
         compartment totals `<name> (time, patch)`, predicted observations
         `predicted_<name>`, the observations themselves where present, each
         with `long_name` and `units`, and provenance attributes: the model and
