@@ -194,7 +194,7 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc):
     bounds = jnp.asarray(grid.bounds, ctx.dtype)
     n_seg = grid.input_index.size
     a_p = [ctx.a_l[i] for i in ctx.a_idx]
-    can_fail = getattr(adjoint, "backward_can_fail", False)
+    can_fail = adjoint.backward_can_fail
 
     def body(carry, x):
         adj_y, adj_a, adj_v, fail = carry

@@ -15,7 +15,13 @@ class AbstractAdjoint(eqx.Module):
     boundaries; its custom VJP defines the gradient. Only `y0`, `args` and the
     input `values` are differentiated; a cotangent is formed for an input leaf
     only when the caller differentiates with respect to it.
+
+    `backward_can_fail`: whether a reverse adjoint's `segment_backward` also
+    returns `(code, t)`, the outcome of its backward integration (see
+    `_common._reverse_scan`); a replay of the forward steps cannot fail.
     """
+
+    backward_can_fail = False
 
     @abc.abstractmethod
     def loop(self, integrator, grid, y0, args, values, dt0): ...
