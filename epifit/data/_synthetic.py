@@ -11,7 +11,6 @@ observation noise on counts.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ import xarray as xr
 
 from epifit.data._schema import FEATURE, PATCH, PATCH_TO, POPULATION, STAGE, TIME
 from epifit.model import CompiledModel, ModelSpec
+from epifit.model._serialize import parameters_json
 from epifit.model._vector_field import as_model
 from epifit.ode import PIDController, Tsit5, solve
 
@@ -168,9 +168,7 @@ def synthetic_metapopulation(
     if counts_model and not initial and POPULATION not in covariates:
         population = None  # the model has its own; a drawn one would mislead
     ds = _assemble(spec, n_days, covariates, population, initial, observed, expected)
-    neural = {n.name for n in spec.neural}
-    parameters = {p.name: constrained[p.name] for p in spec.parameters}
-    parameters |= {n: _mlp_to_json(constrained[n]) for n in neural}
+    as_json = parameters_json(spec, constrained)
     ds.attrs.update(
         {
             "title": f"Synthetic metapopulation epidemic, model '{spec.name}', "
@@ -185,10 +183,8 @@ def synthetic_metapopulation(
             "dispersion": "none" if dispersion is None else float(dispersion),
             "observation_units": "counts",
             "observation_scale": "none" if counts_model else POPULATION,
-            "true_parameters": json.dumps(_to_json(parameters)),
-            "true_derived": json.dumps(
-                _to_json({d.name: constrained[d.name] for d in spec.derived})
-            ),
+            "true_parameters": as_json["parameters"],
+            "true_derived": as_json["derived_parameters"],
         }
     )
     return ds, true_params
@@ -547,20 +543,3 @@ def _model_text(spec: ModelSpec) -> str:
     if spec.path is not None and Path(spec.path).is_file():
         return Path(spec.path).read_text()
     return ""
-
-
-def _mlp_to_json(mlp: eqx.nn.MLP) -> dict[str, Any]:
-    return {
-        "layers": [
-            {"weight": np.asarray(layer.weight), "bias": np.asarray(layer.bias)}
-            for layer in mlp.layers
-        ]
-    }
-
-
-def _to_json(tree: Any) -> Any:
-    if isinstance(tree, Mapping):
-        return {str(k): _to_json(v) for k, v in tree.items()}
-    if isinstance(tree, list | tuple):
-        return [_to_json(v) for v in tree]
-    return np.asarray(tree, np.float64).tolist()

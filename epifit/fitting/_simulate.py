@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -14,8 +13,8 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, TIME, DataError
-from epifit.data._synthetic import _mlp_to_json, _to_json
 from epifit.fitting._problem import Problem
+from epifit.model._serialize import parameters_json
 
 _DIMENSIONLESS = (
     "dimensionless (CF '1'): counts or fractions of each patch's population, as "
@@ -142,15 +141,7 @@ def parameter_attrs(problem: Problem, params) -> dict[str, str]:
     """The constrained values of `params` as JSON attributes: `parameters`
     (declared ones, per-patch ones as lists, neural sub-models as their layers'
     `weight (out, in)` and `bias (out,)`) and `derived_parameters`."""
-    spec = problem.spec
-    constrained = problem.model.constrain(params)
-    values: dict[str, Any] = {p.name: constrained[p.name] for p in spec.parameters}
-    values |= {n.name: _mlp_to_json(constrained[n.name]) for n in spec.neural}
-    derived = {d.name: constrained[d.name] for d in spec.derived}
-    return {
-        "parameters": json.dumps(_to_json(values)),
-        "derived_parameters": json.dumps(_to_json(derived)),
-    }
+    return parameters_json(problem.spec, problem.model.constrain(params))
 
 
 def _state_units(problem: Problem) -> tuple[str, str]:
