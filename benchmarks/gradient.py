@@ -166,9 +166,13 @@ def worker(a) -> dict:
     return rec
 
 
-def reference_file(n: int, days: int, timeout: float) -> Path | None:
-    """The tight float64 reference gradient from the shared runner (cached)."""
-    out = h.ROOT / "out" / f"gradient_ref_{n}_{days}.npz"
+def reference_file(
+    n: int, days: int, timeout: float, ref_dir: Path | None = None
+) -> Path | None:
+    """The tight float64 reference gradient from the shared runner, cached in
+    `ref_dir` (default `out/`, where `benchmarks/forward.py` looks for it)."""
+    ref_dir = h.ROOT / "out" if ref_dir is None else Path(ref_dir)
+    out = ref_dir / f"gradient_ref_{n}_{days}.npz"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -264,6 +268,11 @@ def main(argv=None) -> int:
         help="compute the float64 reference gradient (for grad_rel_err) only up to "
         "this many patches: it is a tight diffrax solve, minutes at 280 patches",
     )
+    ap.add_argument(
+        "--ref-dir",
+        default=None,
+        help="where the reference gradients are cached (default: out/)",
+    )
     ap.add_argument("--json", default=None)
     ap.add_argument("--ref", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
@@ -277,7 +286,7 @@ def main(argv=None) -> int:
     records = []
     for n in sizes:
         if n <= a.ref_max_patches:
-            ref = reference_file(n, a.days, a.timeout)
+            ref = reference_file(n, a.days, a.timeout, a.ref_dir)
         else:
             ref = None
             print(
