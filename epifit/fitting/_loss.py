@@ -17,6 +17,7 @@ from epifit._jit import jit
 from epifit.fitting._objective import aligned, observation_model
 from epifit.fitting._parameters import FreeParameters
 from epifit.fitting._problem import Problem
+from epifit.fitting._vmap import vmap_starts
 from epifit.ode import jacobian
 
 __all__ = ["FitObjective"]
@@ -198,8 +199,9 @@ class FitObjective:
 
     # -- compiled, batched over starts ---------------------------------------------
     def compiled(self, name: str):
-        """`jit(vmap(method))` over a batch of `x`, compiled once per objective."""
+        """`jit(vmap(method))` over a batch of `x` (see [`vmap_starts`][]),
+        compiled once per objective."""
         cache = self.__dict__.setdefault("_compiled", {})
         if name not in cache:
-            cache[name] = jit(jax.vmap(getattr(self, name), in_axes=(0, None)))
+            cache[name] = jit(vmap_starts(getattr(self, name), in_axes=(0, None)))
         return cache[name]

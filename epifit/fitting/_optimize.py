@@ -35,6 +35,7 @@ from epifit.fitting._methods import (
     FirstOrder,
     make_method,
 )
+from epifit.fitting._vmap import vmap_starts
 
 __all__ = ["Carry", "OptimizeOptions", "Optimizer", "STATUS"]
 
@@ -127,12 +128,12 @@ class Optimizer:
         method = self.methods[p]
         if abstract:
             fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
-            return jax.vmap(fn)(x, f, g)
+            return vmap_starts(fn)(x, f, g)
         if isinstance(method, AbstractLeastSquaresMethod):
             r, J, *_ = self.fun.compiled("jacobian_and_solution")(x, data)
-            return jit(jax.vmap(method.init_from_jacobian))(x, r, J)
+            return jit(vmap_starts(method.init_from_jacobian))(x, r, J)
         fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
-        return jit(jax.vmap(fn))(x, f, g)
+        return jit(vmap_starts(fn))(x, f, g)
 
     def _chunk_fn(self, p: int):
         if p in self._chunks:
@@ -218,7 +219,7 @@ class Optimizer:
 
             return jax.lax.while_loop(cond, body, (c, buf))
 
-        fn = jit(jax.vmap(run, in_axes=(0, None, None)))
+        fn = jit(vmap_starts(run, in_axes=(0, None, None)))
         self._chunks[p] = fn
         return fn
 

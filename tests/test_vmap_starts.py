@@ -1,0 +1,50 @@
+"""`vmap_starts`: the fit's batching over starting points, unbatched for one."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from epifit.fitting._vmap import vmap_starts
+
+
+def fn(x, scale):
+    """A cond on the state and a data-dependent loop, like a solve's."""
+    y = jax.lax.cond(x.sum() > 0, lambda: x * scale, lambda: -x)
+
+    def body(c):
+        i, v = c
+        return i + 1, v * 0.5
+
+    n, y = jax.lax.while_loop(lambda c: jnp.max(jnp.abs(c[1])) > 1.0, body, (0, y))
+    return {"y": y, "steps": n, "const": 7}
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_same_values_as_vmap(n):
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(n, 4)) * 5)
+    got = vmap_starts(fn, in_axes=(0, None))(x, 3.0)
+    want = jax.vmap(fn, in_axes=(0, None))(x, 3.0)
+    assert jax.tree.structure(got) == jax.tree.structure(want)
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        assert g.shape == w.shape and g.dtype == w.dtype
+        np.testing.assert_array_equal(g, w)
+
+
+def test_a_batch_of_one_keeps_its_conds():
+    """Batched, the cond on a batched predicate becomes a select that runs both
+    branches; for one start it stays a cond."""
+
+    def prims(f, n):
+        x = jnp.ones((n, 4))
+        return {e.primitive.name for e in jax.make_jaxpr(f)(x, 2.0).jaxpr.eqns}
+
+    assert "cond" not in prims(jax.vmap(fn, in_axes=(0, None)), 1)
+    assert "cond" in prims(vmap_starts(fn, in_axes=(0, None)), 1)
+    # two starts are batched as before
+    assert "cond" not in prims(vmap_starts(fn, in_axes=(0, None)), 2)
+
+
+def test_in_axes_must_match_the_arguments():
+    with pytest.raises(TypeError, match="in_axes"):
+        vmap_starts(fn, in_axes=(0,))(jnp.ones((1, 4)), 2.0)
