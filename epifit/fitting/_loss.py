@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from epifit._jit import jit
+from epifit._vmap import vmap_batch
 from epifit.fitting._objective import aligned, observation_model
 from epifit.fitting._parameters import FreeParameters
 from epifit.fitting._problem import Problem
-from epifit.fitting._vmap import vmap_starts
 from epifit.ode import jacobian
 
 __all__ = ["FitObjective"]
@@ -199,9 +199,9 @@ class FitObjective:
 
     # -- compiled, batched over starts ---------------------------------------------
     def compiled(self, name: str):
-        """`jit(vmap(method))` over a batch of `x` (see [`vmap_starts`][]),
+        """`jit(vmap(method))` over a batch of `x` (see [`vmap_batch`][]),
         compiled once per objective."""
         cache = self.__dict__.setdefault("_compiled", {})
         if name not in cache:
-            cache[name] = jit(vmap_starts(getattr(self, name), in_axes=(0, None)))
+            cache[name] = jit(vmap_batch(getattr(self, name), in_axes=(0, None)))
         return cache[name]

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from epifit._jit import jit
+from epifit._vmap import vmap_batch
 from epifit.fitting._config import PhaseConfig
 from epifit.fitting._methods import (
     AbstractLeastSquaresMethod,
@@ -35,7 +36,6 @@ from epifit.fitting._methods import (
     FirstOrder,
     make_method,
 )
-from epifit.fitting._vmap import vmap_starts
 
 __all__ = ["Carry", "OptimizeOptions", "Optimizer", "STATUS"]
 
@@ -128,12 +128,12 @@ class Optimizer:
         method = self.methods[p]
         if abstract:
             fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
-            return vmap_starts(fn)(x, f, g)
+            return vmap_batch(fn)(x, f, g)
         if isinstance(method, AbstractLeastSquaresMethod):
             r, J, *_ = self.fun.compiled("jacobian_and_solution")(x, data)
-            return jit(vmap_starts(method.init_from_jacobian))(x, r, J)
+            return jit(vmap_batch(method.init_from_jacobian))(x, r, J)
         fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
-        return jit(vmap_starts(fn))(x, f, g)
+        return jit(vmap_batch(fn))(x, f, g)
 
     def _chunk_fn(self, p: int):
         if p in self._chunks:
@@ -219,7 +219,7 @@ class Optimizer:
 
             return jax.lax.while_loop(cond, body, (c, buf))
 
-        fn = jit(vmap_starts(run, in_axes=(0, None, None)))
+        fn = jit(vmap_batch(run, in_axes=(0, None, None)))
         self._chunks[p] = fn
         return fn
 

@@ -34,6 +34,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from epifit._jit import jit
+from epifit._vmap import vmap_batch
 from epifit.model import CompiledModel
 from epifit.model._transform import unconstrain
 from epifit.ode import (
@@ -263,7 +264,7 @@ def _compiled(cfg: EnsembleConfig) -> Callable:
     def one(x, template, data):
         return trajectory(cfg, x, template, data)
 
-    return jit(jax.vmap(one, in_axes=(0, None, None)))
+    return jit(vmap_batch(one, in_axes=(0, None, None)))
 
 
 # -------------------------------------------------------------------- samples

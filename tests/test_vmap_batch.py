@@ -1,11 +1,11 @@
-"""`vmap_starts`: the fit's batching over starting points, unbatched for one."""
+"""`vmap_batch`: batching over starts or samples, unbatched for a batch of one."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from epifit.fitting._vmap import vmap_starts
+from epifit._vmap import vmap_batch
 
 
 def fn(x, scale):
@@ -23,7 +23,7 @@ def fn(x, scale):
 @pytest.mark.parametrize("n", [1, 3])
 def test_same_values_as_vmap(n):
     x = jnp.asarray(np.random.default_rng(0).normal(size=(n, 4)) * 5)
-    got = vmap_starts(fn, in_axes=(0, None))(x, 3.0)
+    got = vmap_batch(fn, in_axes=(0, None))(x, 3.0)
     want = jax.vmap(fn, in_axes=(0, None))(x, 3.0)
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
@@ -40,11 +40,11 @@ def test_a_batch_of_one_keeps_its_conds():
         return {e.primitive.name for e in jax.make_jaxpr(f)(x, 2.0).jaxpr.eqns}
 
     assert "cond" not in prims(jax.vmap(fn, in_axes=(0, None)), 1)
-    assert "cond" in prims(vmap_starts(fn, in_axes=(0, None)), 1)
+    assert "cond" in prims(vmap_batch(fn, in_axes=(0, None)), 1)
     # two starts are batched as before
-    assert "cond" not in prims(vmap_starts(fn, in_axes=(0, None)), 2)
+    assert "cond" not in prims(vmap_batch(fn, in_axes=(0, None)), 2)
 
 
 def test_in_axes_must_match_the_arguments():
     with pytest.raises(TypeError, match="in_axes"):
-        vmap_starts(fn, in_axes=(0,))(jnp.ones((1, 4)), 2.0)
+        vmap_batch(fn, in_axes=(0,))(jnp.ones((1, 4)), 2.0)
