@@ -166,13 +166,10 @@ def worker(a) -> dict:
     return rec
 
 
-def reference_file(
-    n: int, days: int, timeout: float, ref_dir: Path | None = None
-) -> Path | None:
+def reference_file(n: int, days: int, timeout: float, ref_dir: str) -> Path | None:
     """The tight float64 reference gradient from the shared runner, cached in
-    `ref_dir` (default `out/`, where `benchmarks/forward.py` looks for it)."""
-    ref_dir = h.ROOT / "out" if ref_dir is None else Path(ref_dir)
-    out = ref_dir / f"gradient_ref_{n}_{days}.npz"
+    `ref_dir` (`--ref-dir`)."""
+    out = Path(ref_dir) / f"gradient_ref_{n}_{days}.npz"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -270,8 +267,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--ref-dir",
-        default=None,
-        help="where the reference gradients are cached (default: out/)",
+        default=str(h.ROOT / "out"),
+        help="where the reference gradients are cached (default: out/, where "
+        "benchmarks/forward.py looks for them)",
     )
     ap.add_argument("--json", default=None)
     ap.add_argument("--ref", default=None, help=argparse.SUPPRESS)
