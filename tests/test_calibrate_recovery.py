@@ -76,7 +76,7 @@ def test_seir_poisson_recovery_adam_then_lbfgs():
 
 
 def test_sir_recovery_with_noise_and_multistart():
-    """Gaussian noise (sd 5 on counts up to ~300); four starts by vmap. The
+    """Gaussian noise (sd 5 on counts up to ~300); four starts. The
     estimates lie within three standard errors of the truth, the best start
     wins, and the truth's loss is no better than the fit's."""
     rng = np.random.default_rng(42)
@@ -106,3 +106,31 @@ def test_sir_recovery_with_noise_and_multistart():
     assert 10 < res.uncertainty["noise_variance"] < 60
     ssr_truth = float(np.sum((clean - noisy) ** 2))
     assert res.loss <= ssr_truth
+
+
+def test_multistart_one_after_another_matches_batched(monkeypatch):
+    """On CPU the starts run one after another (`default_group` is 1); the
+    same fit with every start batched by `vmap` ends at the same points."""
+    import epifit.fitting._loss as loss_module
+
+    ds = epifit.open_dataset(REPO / "data" / "boarding_school_1978.nc")
+    settings = dict(
+        optimizer=[
+            {"method": "adam", "iterations": 15, "learning_rate": 0.05},
+            {"method": "lbfgs", "iterations": 10},
+        ],
+        n_starts=3,
+        seed=1,
+        uncertainty=False,
+        progress=False,
+        rtol=1e-8,
+        atol=1e-8,
+    )
+    seq = epifit.calibrate(SIR, ds, **settings)
+    monkeypatch.setattr(loss_module, "default_group", lambda: None)
+    batched = epifit.calibrate(SIR, ds, **settings)
+    assert len(set(np.round(seq.initial_losses, 6))) == 3
+    np.testing.assert_allclose(seq.initial_losses, batched.initial_losses, rtol=1e-12)
+    np.testing.assert_allclose(seq.start_losses, batched.start_losses, rtol=1e-8)
+    assert seq.best_start == batched.best_start
+    np.testing.assert_allclose(seq.x, batched.x, rtol=1e-6)

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from epifit._vmap import vmap_batch
+from epifit._vmap import default_group, vmap_batch
 
 
 def fn(x, scale):
@@ -20,10 +20,12 @@ def fn(x, scale):
     return {"y": y, "steps": n, "const": 7}
 
 
-@pytest.mark.parametrize("n", [1, 3])
-def test_same_values_as_vmap(n):
+@pytest.mark.parametrize(
+    "n, group", [(1, None), (3, None), (3, 1), (5, 2), (4, 2), (3, 7)]
+)
+def test_same_values_as_vmap(n, group):
     x = jnp.asarray(np.random.default_rng(0).normal(size=(n, 4)) * 5)
-    got = vmap_batch(fn, in_axes=(0, None))(x, 3.0)
+    got = vmap_batch(fn, in_axes=(0, None), group=group)(x, 3.0)
     want = jax.vmap(fn, in_axes=(0, None))(x, 3.0)
     assert jax.tree.structure(got) == jax.tree.structure(want)
     for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
@@ -43,6 +45,32 @@ def test_a_batch_of_one_keeps_its_conds():
     assert "cond" in prims(vmap_batch(fn, in_axes=(0, None)), 1)
     # two starts are batched as before
     assert "cond" not in prims(vmap_batch(fn, in_axes=(0, None)), 2)
+
+
+def test_a_group_of_one_runs_members_unbatched_in_a_loop():
+    def inner(f, n):
+        x = jnp.ones((n, 4))
+        (eqn,) = [e for e in jax.make_jaxpr(f)(x, 2.0).jaxpr.eqns if e.params]
+        return eqn.primitive.name, {e.primitive.name for e in eqn.params["jaxpr"].eqns}
+
+    name, body = inner(vmap_batch(fn, in_axes=(0, None), group=1), 3)
+    assert name == "scan" and "cond" in body
+
+
+def test_default_group_is_one_on_cpu_only():
+    assert default_group("cpu") == 1
+    assert default_group("gpu") is None
+
+
+@pytest.mark.parametrize("group", [0, -1, True])
+def test_group_must_be_positive(group):
+    with pytest.raises(ValueError, match="group"):
+        vmap_batch(fn, group=group)
+
+
+def test_batch_sizes_must_agree():
+    with pytest.raises(ValueError, match="batch size"):
+        vmap_batch(fn)(jnp.ones((2, 4)), jnp.ones(3))
 
 
 def test_in_axes_must_match_the_arguments():

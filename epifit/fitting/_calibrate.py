@@ -178,9 +178,10 @@ def calibrate(
         loss_tolerance: ... or when the relative loss change stays below it
             for `patience` iterations (default 1e-12).
         time_budget: seconds; checked between chunks of iterations.
-        n_starts: starting points, optimised together by `vmap`: the initial
-            point and `n_starts - 1` seeded perturbations of it; the best final
-            loss wins (default 1).
+        n_starts: starting points, optimised in the same compiled calls (one
+            after another on CPU, batched by `vmap` on accelerators): the
+            initial point and `n_starts - 1` seeded perturbations of it; the
+            best final loss wins (default 1).
         perturbation: the standard deviation of the perturbations, in
             unconstrained coordinates (default 0.5).
         seed: seeds the perturbations (default 0).

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from epifit._jit import jit
-from epifit._vmap import vmap_batch
+from epifit._vmap import default_group, vmap_batch
 from epifit.fitting._objective import aligned, observation_model
 from epifit.fitting._parameters import FreeParameters
 from epifit.fitting._problem import Problem
@@ -36,6 +36,9 @@ class FitObjective:
         least_squares: every observation is gaussian and every prior normal, so
             the loss is `sum(residuals(x) ** 2)`.
         n_data: the number of observed (unmasked) points the loss sums over.
+        group: starting points batched together by the compiled methods
+            (`vmap_batch`'s `group`; default `default_group()`: one at a time
+            on CPU, all together elsewhere).
     """
 
     def __init__(
@@ -63,6 +66,8 @@ class FitObjective:
         self.solve_options = dict(
             solver=solver, adjoint=adjoint, rtol=rtol, atol=atol, max_steps=max_steps
         )
+        # starts batched together by the compiled methods (see `default_group`)
+        self.group = default_group()
         self.families = {o.name: o.family for o in self.observations}
         self.gaussian_data = all(f == "gaussian" for f in self.families.values())
         self.least_squares = self.gaussian_data and free.least_squares_penalty
@@ -203,5 +208,7 @@ class FitObjective:
         compiled once per objective."""
         cache = self.__dict__.setdefault("_compiled", {})
         if name not in cache:
-            cache[name] = jit(vmap_batch(getattr(self, name), in_axes=(0, None)))
+            cache[name] = jit(
+                vmap_batch(getattr(self, name), in_axes=(0, None), group=self.group)
+            )
         return cache[name]

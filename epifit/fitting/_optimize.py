@@ -1,7 +1,8 @@
 """The optimiser loop: phases of methods, run jitted in chunks of iterations.
 
 Each phase compiles one function that runs up to `k` iterations of its method
-inside a `lax.while_loop` (for every start at once, by `vmap`) and records the
+inside a `lax.while_loop` (for every start: one after another on CPU, batched
+by `vmap` elsewhere; see `epifit._vmap.default_group`) and records the
 loss, gradient norm and step of each iteration. Between chunks the host updates
 the progress bar, writes checkpoints and checks the time budget. Chunk sizes
 adapt to the cost of an iteration (about one chunk per `target_seconds`) but
@@ -90,7 +91,9 @@ class Optimizer:
     """Runs the phases of a fit on a batch of starting points.
 
     Args:
-        fun: the objective (`loss`, `value_and_grad`, `residuals_and_jacobian`).
+        fun: the objective (`loss`, `value_and_grad`, `residuals_and_jacobian`,
+            `compiled`, and optionally `group`: how many starts to batch
+            together, see `vmap_batch`; without it all are batched).
         phases: the phases, in order.
         options: tolerances and budgets.
         progress: a callback `(event, info)` for the progress display, or None.
@@ -109,6 +112,9 @@ class Optimizer:
         checkpoint_every: int | None = None,
     ):
         self.fun = fun
+        # starts batched together (`vmap_batch`); an objective without a
+        # `group` has every start batched
+        self.group = getattr(fun, "group", None)
         self.phases = tuple(phases)
         self.methods = [make_method(p) for p in self.phases]
         self.options = options
@@ -128,12 +134,12 @@ class Optimizer:
         method = self.methods[p]
         if abstract:
             fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
-            return vmap_batch(fn)(x, f, g)
+            return vmap_batch(fn, group=self.group)(x, f, g)
         if isinstance(method, AbstractLeastSquaresMethod):
             r, J, *_ = self.fun.compiled("jacobian_and_solution")(x, data)
-            return jit(vmap_batch(method.init_from_jacobian))(x, r, J)
+            return jit(vmap_batch(method.init_from_jacobian, group=self.group))(x, r, J)
         fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
-        return jit(vmap_batch(fn))(x, f, g)
+        return jit(vmap_batch(fn, group=self.group))(x, f, g)
 
     def _chunk_fn(self, p: int):
         if p in self._chunks:
@@ -219,7 +225,7 @@ class Optimizer:
 
             return jax.lax.while_loop(cond, body, (c, buf))
 
-        fn = jit(vmap_batch(run, in_axes=(0, None, None)))
+        fn = jit(vmap_batch(run, in_axes=(0, None, None), group=self.group))
         self._chunks[p] = fn
         return fn
 
