@@ -55,6 +55,8 @@ def vmap_batch(
             if ax is not None
             for leaf in jax.tree.leaves(a)
         }
+        if not sizes:
+            raise ValueError("vmap_batch: no argument has a batch axis")
         if len(sizes) != 1:
             raise ValueError(f"batched arguments disagree on the batch size: {sizes}")
         (size,) = sizes

@@ -71,6 +71,8 @@ def test_group_must_be_positive(group):
 def test_batch_sizes_must_agree():
     with pytest.raises(ValueError, match="batch size"):
         vmap_batch(fn)(jnp.ones((2, 4)), jnp.ones(3))
+    with pytest.raises(ValueError, match="no argument has a batch axis"):
+        vmap_batch(fn, in_axes=(None, None))(jnp.ones((2, 4)), 2.0)
 
 
 def test_in_axes_must_match_the_arguments():
