@@ -233,3 +233,33 @@ def test_atomic_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
     os.truncate(path, 10)
     with pytest.raises(CheckpointError, match="Cannot read checkpoint"):
         _checkpoint.load_checkpoint(path, template, "key")
+
+
+def test_multistart_resume_after_time_budget_is_exact(tmp_path):
+    """Three starts (on CPU run one after another in each compiled chunk):
+    stopped by the time budget after the first chunk, then resumed, the fit
+    ends where an uninterrupted one does, bit for bit."""
+    settings = dict(
+        optimizer=[{"method": "adam", "iterations": 12, "learning_rate": 0.05}],
+        n_starts=3,
+        seed=2,
+        uncertainty=False,
+        progress=False,
+        rtol=1e-8,
+        atol=1e-8,
+        chunk_size=4,
+    )
+    ref = epifit.calibrate(MODEL, DATA, **settings)
+    ckpt = tmp_path / "fit.ckpt.nc"
+    part = epifit.calibrate(
+        MODEL, DATA, checkpoint=ckpt, checkpoint_every=4, time_budget=1e-6, **settings
+    )
+    assert part.iterations == 4 and "time budget" in part.message
+    res = epifit.calibrate(
+        MODEL, DATA, checkpoint=ckpt, checkpoint_every=4, resume=True, **settings
+    )
+    assert res.iterations == ref.iterations == 12
+    np.testing.assert_array_equal(res.start_losses, ref.start_losses)
+    np.testing.assert_array_equal(res.x, ref.x)
+    np.testing.assert_array_equal(res.loss_history, ref.loss_history)
+    assert len(set(np.round(ref.initial_losses, 6))) == 3
