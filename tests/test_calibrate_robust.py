@@ -139,3 +139,18 @@ def test_non_finite_start_is_an_error(tmp_path):
     )
     with pytest.raises(FloatingPointError, match="not finite at every starting"):
         epifit.calibrate(model, DATA, optimizer="adam", progress=False)
+
+
+@pytest.mark.parametrize("phase", [ADAM, LBFGS, LM], ids=lambda p: p.method)
+def test_each_phase_compiles_its_chunk_once(phase):
+    """Chunks after the first reuse the first's executable: the phase's
+    initial state has the types the chunk returns (optax's L-BFGS starts its
+    line-search info weakly typed, which once compiled every L-BFGS chunk
+    function twice)."""
+    rosenbrock = lambda x: jnp.stack([10 * (x[1] - x[0] ** 2), 1 - x[0]])  # noqa: E731
+    opt = Optimizer(
+        Toy(rosenbrock), [phase], OptimizeOptions(tolerance=1e-12, chunk_size=3)
+    )
+    out = opt.run(jnp.asarray([[-1.2, 1.0], [0.5, 0.5]]), None)
+    assert out["record"]["iteration"] > 6  # several chunks ran
+    assert opt._chunks[0]._cache_size() == 1

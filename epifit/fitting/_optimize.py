@@ -130,16 +130,28 @@ class Optimizer:
 
     def _init(self, p: int, x, f, g, data, *, abstract: bool = False):
         """`(state, f, g)` of phase `p` at every start (`abstract`: traced
-        under `eval_shape`, without compiled calls)."""
+        under `eval_shape`, without compiled calls).
+
+        Every leaf comes back strongly typed, as the chunk function returns
+        it: a weakly typed leaf (optax's L-BFGS starts its line-search info
+        from Python scalars) would make the chunk's second call a cache miss
+        and compile the whole chunk again.
+        """
         method = self.methods[p]
+
+        def init(x, f, g):
+            return _strong(method.init(x, f, g, self.fun, data))
+
         if abstract:
-            fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
-            return vmap_batch(fn, group=self.group)(x, f, g)
+            return vmap_batch(init, group=self.group)(x, f, g)
         if isinstance(method, AbstractLeastSquaresMethod):
             r, J, *_ = self.fun.compiled("jacobian_and_solution")(x, data)
-            return jit(vmap_batch(method.init_from_jacobian, group=self.group))(x, r, J)
-        fn = lambda x, f, g: method.init(x, f, g, self.fun, data)  # noqa: E731
-        return jit(vmap_batch(fn, group=self.group))(x, f, g)
+
+            def init_lsq(x, r, J):
+                return _strong(method.init_from_jacobian(x, r, J))
+
+            return jit(vmap_batch(init_lsq, group=self.group))(x, r, J)
+        return jit(vmap_batch(init, group=self.group))(x, f, g)
 
     def _chunk_fn(self, p: int):
         if p in self._chunks:
@@ -381,6 +393,16 @@ class Optimizer:
 
 
 HISTORY = ("loss", "grad_norm", "step")
+
+
+def _strong(tree):
+    """`tree` with every leaf a strongly typed array of its own dtype."""
+
+    def leaf(a):
+        a = jnp.asarray(a)
+        return a.astype(a.dtype)
+
+    return jax.tree.map(leaf, tree)
 
 
 def _finite(f, g):
