@@ -125,29 +125,28 @@ class Integrator(eqx.Module):
         one. The controller grows it by up to `factormax` per accepted step."""
         c = self.controller
         first = dt <= 0
-        if self.carries_fsal:
-            f0, extra = fstate, 0
-        else:
-            # Only the first segment needs (and counts) this evaluation.
-            f0 = lax.cond(
-                first,
-                lambda: self.vf(a, y, args, u),
-                lambda: jtu.tree_map(jnp.zeros_like, y),
-            )
-            extra = 1
+        # Only the first segment needs (and, without a first-same-as-last
+        # state, counts) the evaluation of f(y).
+        extra = 0 if self.carries_fsal else 1
 
         def scaled(x):
             return rms_norm(
                 jtu.tree_map(lambda xi, yi: xi / (c.atol + c.rtol * jnp.abs(yi)), x, y)
             )
 
-        d0, d1 = scaled(y), scaled(f0)
-        h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
-        h0 = jnp.where(jnp.isfinite(h0), h0, b - a).astype(a.dtype)
-        return (
-            jnp.where(first, jnp.minimum(h0, b - a), dt),
-            jnp.where(first, extra, 0).astype(jnp.int32),
-        )
+        def guess():
+            f0 = fstate if self.carries_fsal else self.vf(a, y, args, u)
+            d0, d1 = scaled(y), scaled(f0)
+            h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
+            h0 = jnp.where(jnp.isfinite(h0), h0, b - a).astype(a.dtype)
+            return jnp.minimum(h0, b - a)
+
+        # A `cond`, not a `where`: the two norms over the state are needed by
+        # the first segment only, and a `where` would compute them in every
+        # segment (measured on the reference forward loss, interleaved in one
+        # process: 25.9 against 27.1 ms median).
+        dt_first = lax.cond(first, guess, lambda: jnp.asarray(dt, a.dtype))
+        return dt_first, jnp.where(first, extra, 0).astype(jnp.int32)
 
     # ------------------------------------------------------------------ segment
     def segment(
