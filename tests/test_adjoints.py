@@ -23,6 +23,7 @@ from epifit.ode import (
     BacksolveAdjoint,
     CheckpointAdjoint,
     ConstantStepSize,
+    ForwardAdjoint,
     InterpolatingAdjoint,
     PIDController,
     PiecewiseConstant,
@@ -294,3 +295,75 @@ def test_a_backward_pass_failure_gives_nan_with_throw_false():
     # the same solve with room for its replay: the NaN came from the failure
     ok = _sir_grad(InterpolatingAdjoint(buffer=64), throw=False)
     assert np.all(np.isfinite(ok)) and np.all(ok != 0)
+
+
+# ----------------------------------------------------- a failed forward solve
+def _stiffening(t, y, args, u):
+    """Decay whose rate jumps 10^5-fold at t = 2: there an explicit solver
+    needs far more than `max_steps`."""
+    return -args * u * y
+
+
+def _stiffening_solve(x, ts, adjoint=None, calls=None):
+    def vf(t, y, args, u):
+        if calls is not None:
+            jax.debug.callback(lambda: calls.append(1))
+        return _stiffening(t, y, args, u)
+
+    return solve(
+        vf,
+        jnp.array([1.0, 2.0]),
+        x,
+        ts=ts,
+        inputs=PiecewiseConstant([0.0, 2.0], jnp.array([1.0, 1e5])),
+        stepsize_controller=PIDController(rtol=1e-8, atol=1e-10),
+        adjoint=adjoint,
+        max_steps=300,
+        throw=False,
+    )
+
+
+def _counted_gradient(adjoint, ts, used, x):
+    """`(loss, gradient, forward evaluations, all evaluations)` of
+    `sum(ys[used] ** 2)`; the evaluations are counted by a callback."""
+    calls = []
+
+    def loss(x):
+        sol = _stiffening_solve(x, ts, adjoint, calls)
+        return jnp.sum(sol.ys[used] ** 2), (sol.result, sol.stats["num_rhs_evals"])
+
+    fn = jax.jit(jax.value_and_grad(loss, has_aux=True))
+    jax.block_until_ready(fn(x))
+    jax.effects_barrier()
+    calls.clear()
+    (val, (result, n_forward)), g = jax.block_until_ready(fn(x))
+    jax.effects_barrier()
+    return float(val), float(g), int(result), int(n_forward), len(calls)
+
+
+@pytest.mark.parametrize(
+    "name", [n for n in ADJOINTS if not isinstance(ADJOINTS[n], ForwardAdjoint)]
+)
+def test_a_failed_forward_solve_is_not_pulled_back(name):
+    """The forward solve stops at `max_steps` in its third segment, [2, 3].
+    Those steps are not replayed: the gradient evaluates the vector field for
+    the pull-back of the first two segments only, as the same solve stopped
+    at t = 2 does. A loss of the states before the failure has that solve's
+    gradient; a loss of a failed state has a NaN gradient, like the loss.
+    (Before, the checkpoint adjoint replayed the failed segment's steps in
+    chunks of its buffer: seconds for a solve of milliseconds.)"""
+    adjoint, x = ADJOINTS[name], jnp.asarray(0.7)
+    ts = [0.0, 1.0, 2.0, 3.0, 4.0]
+    val, g, result, n_forward, n_all = _counted_gradient(adjoint, ts, slice(0, 3), x)
+    ok_val, ok_g, ok_result, ok_forward, ok_all = _counted_gradient(
+        adjoint, ts[:3], slice(0, 3), x
+    )
+    assert result != 0 and ok_result == 0
+    assert n_forward > 300  # the failed segment's attempted steps
+    np.testing.assert_allclose(val, ok_val, rtol=1e-14)
+    np.testing.assert_allclose(g, ok_g, rtol=1e-12)
+    assert np.isfinite(g) and g != 0.0
+    assert n_all - n_forward == ok_all - ok_forward > 0
+
+    val, g, *_ = _counted_gradient(adjoint, ts, 3, x)
+    assert np.isnan(val) and np.isnan(g)

@@ -24,6 +24,14 @@ def tree_all_finite(tree):
     return out
 
 
+def tree_all_zero(tree):
+    """Whether every element of every leaf is zero (NaN is not)."""
+    out = jnp.array(True)
+    for x in jtu.tree_leaves(tree):
+        out = out & jnp.all(x == 0)
+    return out
+
+
 def tree_where(pred, a, b):
     return jtu.tree_map(lambda x, y: jnp.where(pred, x, y), a, b)
 
