@@ -67,7 +67,11 @@ def solve(
             (too many steps, a step too small, a non-finite adjoint state, a
             segment longer than its `buffer`): it raises a `SolverError`
             naming the adjoint, the segment and the cause, or, with
-            `throw=False`, gives a NaN gradient.
+            `throw=False`, gives a NaN gradient. The reverse-mode gradient
+            of a solve that failed with `throw=False` is NaN where the loss
+            uses a failed state, and exact where it uses only the states
+            before the failure; the failed segments are not pulled back, so
+            it costs no more than the gradient of the successful part.
 
     Returns:
         A [`epifit.ode.Solution`][].
