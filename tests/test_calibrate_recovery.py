@@ -134,3 +134,57 @@ def test_multistart_one_after_another_matches_batched(monkeypatch):
     np.testing.assert_allclose(seq.start_losses, batched.start_losses, rtol=1e-8)
     assert seq.best_start == batched.best_start
     np.testing.assert_allclose(seq.x, batched.x, rtol=1e-6)
+
+
+def test_multistart_draws_again_a_start_whose_loss_is_not_finite():
+    """SEIR with Poisson counts, four starts spread 3 (unconstrained): starts 1
+    and 2 of the first draw have an infinite loss. They are drawn again
+    until finite; start 0 (the initial values) and start 3 are as drawn."""
+    cases = seir_incidence(0.6, 0.2, 0.25, 10.0, 100)
+    ds = xr.Dataset({"cases": ("time", cases)}, coords={"time": DATES[:100]})
+    settings = dict(
+        values={"beta": 0.4, "sigma": 0.3, "gamma": 0.15, "E0": 20.0},
+        optimizer=[{"method": "adam", "iterations": 2}],
+        uncertainty=False,
+        progress=False,
+        rtol=1e-9,
+        atol=1e-9,
+    )
+    res = epifit.calibrate(SEIR, ds, n_starts=4, perturbation=3.0, seed=0, **settings)
+    redraws = res.settings["start_redraws"]
+    assert redraws[0] == 0 and redraws[3] == 0
+    assert redraws[1] >= 1 and redraws[2] >= 1
+    assert np.all(np.isfinite(res.initial_losses))
+    # start 0 is the initial point: the loss of a single-start fit there
+    one = epifit.calibrate(SEIR, ds, n_starts=1, **settings)
+    assert one.settings["start_redraws"] == [0]
+    np.testing.assert_allclose(res.initial_losses[0], one.initial_losses[0], rtol=1e-12)
+    # deterministic: the same seed draws the same points again
+    again = epifit.calibrate(SEIR, ds, n_starts=4, perturbation=3.0, seed=0, **settings)
+    np.testing.assert_array_equal(again.initial_losses, res.initial_losses)
+    assert again.settings["start_redraws"] == redraws
+
+
+def test_finite_starts_replaces_only_the_non_finite_perturbed_starts():
+    import jax.numpy as jnp
+
+    from epifit.fitting._calibrate import MAX_REDRAWS, finite_starts
+
+    def draw(d):  # start i of draw d is (i, d)
+        return jnp.asarray([[float(i), float(d)] for i in range(4)])
+
+    def loss(xs, data):
+        # start 1 is finite from draw 2 on, start 2 never; start 0 never
+        # either, but it is the initial point and is kept as it is
+        i, d = np.asarray(xs).T
+        bad = (i == 0) | ((i == 1) & (d < 2)) | (i == 2)
+        return np.where(bad, np.inf, i + d)
+
+    xs, redraws = finite_starts(draw, loss, None)
+    np.testing.assert_array_equal(
+        np.asarray(xs), [[0, 0], [1, 2], [2, MAX_REDRAWS], [3, 0]]
+    )
+    assert redraws == [0, 2, MAX_REDRAWS, 0]
+    xs, redraws = finite_starts(draw, None, None)  # one start: nothing evaluated
+    np.testing.assert_array_equal(np.asarray(xs), np.asarray(draw(0)))
+    assert redraws == [0, 0, 0, 0]

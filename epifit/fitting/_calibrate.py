@@ -181,7 +181,9 @@ def calibrate(
         n_starts: starting points, optimised in the same compiled calls (one
             after another on CPU, batched by `vmap` on accelerators): the
             initial point and `n_starts - 1` seeded perturbations of it; the
-            best final loss wins (default 1).
+            best final loss wins (default 1). A perturbed start whose loss is
+            not finite is drawn again, up to 20 times (`settings
+            ["start_redraws"]` of the result counts them).
         perturbation: the standard deviation of the perturbations, in
             unconstrained coordinates (default 0.5).
         seed: seeds the perturbations (default 0).
@@ -274,8 +276,12 @@ def calibrate(
     n_starts = config.n_starts or 1
     seed = 0 if config.seed is None else config.seed
     spread = 0.5 if config.perturbation is None else config.perturbation
-    xs = free.starts(free.x0, n_starts, spread, seed)
     data = objective.data()
+    xs, redraws = finite_starts(
+        lambda d: free.starts(free.x0, n_starts, spread, seed, d),
+        objective.compiled("loss") if n_starts > 1 else None,
+        data,
+    )
 
     options = OptimizeOptions(
         tolerance=1e-8 if config.tolerance is None else config.tolerance,
@@ -298,6 +304,7 @@ def calibrate(
         "n_starts": n_starts,
         "perturbation": spread,
         "seed": seed,
+        "start_redraws": redraws,
         "rtol": objective.solve_options["rtol"],
         "atol": objective.solve_options["atol"],
         "max_steps": objective.solve_options["max_steps"],
@@ -482,6 +489,40 @@ def calibrate(
         hashes=problem.hashes(),
         versions=library_versions(),
     )
+
+
+MAX_REDRAWS = 20
+
+
+def finite_starts(draw, loss, data):
+    """Starting points at which the loss is finite, and how often each was
+    drawn again.
+
+    `draw(d)` gives the starting points of draw `d` (`x0` first, then the
+    perturbed points); `loss(xs, data)` their losses (`None`: one start, kept
+    as it is). A perturbed start whose loss is not finite (its solve fails,
+    or a likelihood is zero: an epidemic burnt out where cases are observed)
+    is replaced by the same start of the next draw, up to `MAX_REDRAWS`
+    times; a start still non-finite after that is kept, and the optimiser
+    reports it. `x0` is never replaced. Deterministic: the same seed gives
+    the same points, so a resumed fit finds its checkpoint.
+    """
+    xs = draw(0)
+    redraws = [0] * xs.shape[0]
+    if loss is None:
+        return xs, redraws
+    f = np.asarray(loss(xs, data))
+    for d in range(1, MAX_REDRAWS + 1):
+        bad = ~np.isfinite(f)
+        bad[0] = False
+        if not bad.any():
+            break
+        fresh = draw(d)
+        xs = jnp.where(jnp.asarray(bad)[:, None], fresh, xs)
+        for i in np.flatnonzero(bad):
+            redraws[i] += 1
+        f = np.asarray(loss(xs, data))
+    return xs, redraws
 
 
 def _not_least_squares(objective: FitObjective) -> str:

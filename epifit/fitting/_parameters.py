@@ -283,13 +283,21 @@ class FreeParameters:
         return jnp.concatenate(parts)
 
     def starts(
-        self, x0: Float[Array, " n"], n_starts: int, perturbation: float, seed: int
+        self,
+        x0: Float[Array, " n"],
+        n_starts: int,
+        perturbation: float,
+        seed: int,
+        draw: int = 0,
     ) -> Float[Array, "start n"]:
         """`n_starts` initial points: `x0` itself, then `x0` plus seeded normal
-        perturbations of standard deviation `perturbation` (unconstrained)."""
+        perturbations of standard deviation `perturbation` (unconstrained).
+        `draw > 0` gives a further, independent set of perturbations from the
+        same seed (for starts drawn again)."""
         if n_starts == 1:
             return x0[None, :]
-        noise = jr.normal(jr.key(seed), (n_starts - 1, self.n), x0.dtype)
+        key = jr.key(seed) if draw == 0 else jr.fold_in(jr.key(seed), draw)
+        noise = jr.normal(key, (n_starts - 1, self.n), x0.dtype)
         return jnp.concatenate([x0[None, :], x0[None, :] + perturbation * noise])
 
 
