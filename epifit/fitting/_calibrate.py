@@ -182,8 +182,8 @@ def calibrate(
             after another on CPU, batched by `vmap` on accelerators): the
             initial point and `n_starts - 1` seeded perturbations of it; the
             best final loss wins (default 1). A perturbed start whose loss is
-            not finite is drawn again, up to 20 times (`settings
-            ["start_redraws"]` of the result counts them).
+            not finite is drawn again, up to 20 times (the result's
+            `settings["start_redraws"]` counts them).
         perturbation: the standard deviation of the perturbations, in
             unconstrained coordinates (default 0.5).
         seed: seeds the perturbations (default 0).
