@@ -155,6 +155,7 @@ def test_multistart_draws_again_a_start_whose_loss_is_not_finite():
     assert redraws[0] == 0 and redraws[3] == 0
     assert redraws[1] >= 1 and redraws[2] >= 1
     assert np.all(np.isfinite(res.initial_losses))
+    assert "(best of 4 starts, 2 drawn again for a finite loss)" in res.summary()
     # start 0 is the initial point: the loss of a single-start fit there
     one = epifit.calibrate(SEIR, ds, n_starts=1, **settings)
     assert one.settings["start_redraws"] == [0]

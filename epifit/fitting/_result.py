@@ -121,14 +121,14 @@ class FitResult:
     def summary(self) -> str:
         """A short text report: status, loss, and the parameter table."""
         level = self.uncertainty.get("level", 0.95)
+        starts = ""
+        if len(self.start_losses) > 1:
+            redrawn = sum(1 for r in self.settings.get("start_redraws", []) if r)
+            again = f", {redrawn} drawn again for a finite loss" if redrawn else ""
+            starts = f" (best of {len(self.start_losses)} starts{again})"
         lines = [
             f"{'converged' if self.converged else 'NOT converged'}: {self.message}",
-            f"loss {self.loss:.10g} after {self.iterations} iterations"
-            + (
-                f" (best of {len(self.start_losses)} starts)"
-                if len(self.start_losses) > 1
-                else ""
-            ),
+            f"loss {self.loss:.10g} after {self.iterations} iterations{starts}",
         ]
         head = (
             f"{'parameter':24s} {'estimate':>13s} {'se':>11s} "
