@@ -219,8 +219,8 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
         # At or after the forward pass's failure (see the docstring).
         dead = (fwd_fail[0] != Result.SUCCESSFUL) & (k >= fwd_fail[1])
 
-        def pull_back(n_k):
-            return adjoint.segment_backward(
+        def pull_back():
+            out = adjoint.segment_backward(
                 ctx,
                 k,
                 bounds[k],
@@ -232,22 +232,39 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
                 u_l,
                 up,
                 jtu.tree_map(lambda x: x[k], times),
-                n_k,
+                # Where a batch turns the `cond` below into a `select` (vmap),
+                # the checkpoint adjoint still replays nothing: no steps.
+                jnp.where(dead, 0, n_acc[k]),
             )
+            # in the types `skip` builds from the inputs, so that the segment
+            # backward is traced once (not also for its output shapes)
+            adj, g_a, g_u = out[:3]
+            adj = jtu.tree_map(lambda g, x: g.astype(x.dtype), adj, adj_y_in)
+            g_a = [g.astype(x.dtype) for g, x in zip(g_a, a_p, strict=True)]
+            g_u = [g.astype(x.dtype) for g, x in zip(g_u, up, strict=True)]
+            if not can_fail:
+                return adj, g_a, g_u
+            code, t_stop = out[3]
+            return adj, g_a, g_u, (code.astype(jnp.int32), t_stop.astype(ctx.dtype))
 
         def skip():
             # The cotangent goes on as NaN if the loss used a failed state,
             # else as zero; no backward failure is reported.
             fill = jnp.where(tree_all_zero(adj_y_in), 0.0, jnp.nan)
-            grads = jtu.tree_map(lambda s: jnp.full(s.shape, fill, s.dtype), shapes[:3])
-            rest = jtu.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[3:])
-            return (*grads, *rest)
 
-        # Where a batch turns the `cond` into a `select` (vmap), the
-        # checkpoint adjoint still replays nothing: it is given no steps.
-        n_k = jnp.where(dead, 0, n_acc[k])
-        shapes = jax.eval_shape(pull_back, n_k)
-        out = lax.cond(dead, skip, lambda: pull_back(n_k))
+            def like(x):
+                return jnp.full(jnp.shape(x), fill, jnp.result_type(x))
+
+            out = (
+                jtu.tree_map(like, adj_y_in),
+                [like(x) for x in a_p],
+                [like(x) for x in up],
+            )
+            if not can_fail:
+                return out
+            return (*out, (jnp.zeros((), jnp.int32), jnp.zeros((), ctx.dtype)))
+
+        out = lax.cond(dead, skip, pull_back)
         adj_y, g_a, g_u = out[:3]
         if can_fail:
             code, t_stop = out[3]
