@@ -268,7 +268,8 @@ def calibrate_worker(sm, P, fdt, a, rec) -> dict:
     import numpy as np
     from helpers import params_from_flat
 
-    from epifit.fitting import Problem, calibrate
+    from epifit.fitting import calibrate
+    from epifit.simulation import Problem
 
     t = time.perf_counter()
     problem = Problem(

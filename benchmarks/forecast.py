@@ -60,8 +60,8 @@ def _setup(a):
     import xarray as xr
     from helpers import params_from_flat, reference_covariates, reference_initial_data
 
-    from epifit.fitting import Problem
     from epifit.forecasting import Change, Scenario
+    from epifit.simulation import Problem
 
     P = sm.make_problem(a.n_patches, a.fit_days, 0)
     n = a.n_patches

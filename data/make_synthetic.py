@@ -1,6 +1,6 @@
 """Write a synthetic metapopulation dataset simulated from known parameters.
 
-A thin wrapper over `epifit.data.synthetic_metapopulation` (see its docstring
+A thin wrapper over `epifit.simulation.synthetic_metapopulation` (see its docstring
 for the covariates, the true parameters, the units and the noise). The committed
 `synthetic_metapop_20.nc` was made, from the repository root, by
 
@@ -16,7 +16,8 @@ from pathlib import Path
 
 import jax
 
-from epifit.data import synthetic_metapopulation, write_dataset
+from epifit.data import write_dataset
+from epifit.simulation import synthetic_metapopulation
 
 REPO = Path(__file__).resolve().parents[1]
 NOISES = ("poisson", "negative_binomial", "gaussian", "none")

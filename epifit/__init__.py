@@ -22,9 +22,9 @@ _EXPORTS = {
     "open_dataset": "epifit.data",
     "write_dataset": "epifit.data",
     "FitResult": "epifit.fitting",
-    "Problem": "epifit.fitting",
+    "Problem": "epifit.simulation",
     "calibrate": "epifit.fitting",
-    "simulate": "epifit.fitting",
+    "simulate": "epifit.simulation",
     "forecast": "epifit.forecasting",
     "ModelBuilder": "epifit.model",
     "ModelSpecError": "epifit.model",
@@ -54,9 +54,7 @@ if TYPE_CHECKING:  # for type checkers and editors
     from epifit.data import open_dataset as open_dataset
     from epifit.data import write_dataset as write_dataset
     from epifit.fitting import FitResult as FitResult
-    from epifit.fitting import Problem as Problem
     from epifit.fitting import calibrate as calibrate
-    from epifit.fitting import simulate as simulate
     from epifit.forecasting import forecast as forecast
     from epifit.model import ModelBuilder as ModelBuilder
     from epifit.model import ModelSpecError as ModelSpecError
@@ -64,3 +62,5 @@ if TYPE_CHECKING:  # for type checkers and editors
     from epifit.model import load_model as load_model
     from epifit.ode import SolverError as SolverError
     from epifit.ode import solve as solve
+    from epifit.simulation import Problem as Problem
+    from epifit.simulation import simulate as simulate

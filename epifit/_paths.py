@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -34,3 +35,11 @@ def output_file(path: str | os.PathLike) -> Path:
             f"Cannot write {out}: directory {out.parent} does not exist."
         )
     return out
+
+
+def file_sha256(path: str | os.PathLike | None) -> str | None:
+    """The SHA-256 hex digest of a file's bytes, or `None` for no file or a
+    path that does not exist."""
+    if path is None or not Path(path).exists():
+        return None
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

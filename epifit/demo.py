@@ -50,8 +50,9 @@ def metapopulation(out: Path):
     import numpy as np
 
     from epifit.data import open_dataset
-    from epifit.fitting import Problem, calibrate
+    from epifit.fitting import calibrate
     from epifit.plotting import plot_fit
+    from epifit.simulation import Problem
 
     data = open_dataset(ROOT / "data" / "synthetic_metapop_20.nc")
     truth = json.loads(data.attrs["true_parameters"])

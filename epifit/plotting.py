@@ -17,7 +17,7 @@ import xarray as xr
 
 __all__ = ["plot_fit", "select_patches"]
 
-PATCH, TIME = "patch", "time"
+from epifit._schema import PATCH, TIME
 
 
 def _series(ds: xr.Dataset) -> list[tuple[str, str | None, str | None]]:

@@ -19,9 +19,10 @@ from scipy.integrate import solve_ivp
 import epifit.fitting
 import epifit.fitting._audit as audit_module
 from epifit.cli import main
-from epifit.fitting import Problem, audit_adjoints
+from epifit.fitting import audit_adjoints
 from epifit.fitting._audit import _recommend, default_adjoints
 from epifit.ode import CheckpointAdjoint
+from epifit.simulation import Problem
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "models" / "sir.toml"

@@ -15,7 +15,8 @@ from scipy.optimize import least_squares
 from scipy.stats import norm
 
 import epifit
-from epifit.fitting import FitResult, Problem
+from epifit.fitting import FitResult
+from epifit.simulation import Problem
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "models" / "sir.toml"

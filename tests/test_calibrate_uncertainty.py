@@ -16,10 +16,11 @@ from scipy.integrate import solve_ivp
 from scipy.special import gammaln
 from scipy.stats import norm
 
-from epifit.fitting import Problem, laplace, load_params
+from epifit.fitting import laplace
 from epifit.fitting._loss import FitObjective
 from epifit.fitting._parameters import FreeParameters
 from epifit.fitting._uncertainty import parameter_table
+from epifit.simulation import Problem, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 SEIR = REPO / "models" / "seir.toml"

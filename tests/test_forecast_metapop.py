@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import epifit
-from epifit.fitting import Problem
 from epifit.forecasting import Change, Scenario, forecast
 from epifit.ode import ConstantStepSize, Tsit5
+from epifit.simulation import Problem
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "models" / "seird_metapop_counts.toml"

@@ -16,7 +16,6 @@ import pytest
 from hypothesis import given, settings
 
 import epifit
-from epifit.fitting import Problem
 from epifit.forecasting import (
     BASELINE,
     Change,
@@ -29,6 +28,7 @@ from epifit.forecasting import (
     load_scenarios,
     parse_scenarios,
 )
+from epifit.simulation import Problem
 
 REPO = Path(__file__).resolve().parents[1]
 METAPOP = REPO / "models" / "seird_metapop_counts.toml"

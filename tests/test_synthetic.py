@@ -1,4 +1,4 @@
-"""The synthetic metapopulation generator, `epifit.data.synthetic_metapopulation`.
+"""The synthetic metapopulation generator, `epifit.simulation.synthetic_metapopulation`.
 
 References the library did not compute: the reference vector field written out
 in NumPy and solved with scipy's DOP853, an MLP evaluated in NumPy from the
@@ -19,9 +19,9 @@ import xarray as xr
 from helpers import MODELS, REPO, tree_allclose
 from scipy.integrate import solve_ivp
 
-from epifit.data import open_dataset, synthetic_metapopulation, validate_dataset
-from epifit.fitting import Problem
+from epifit.data import open_dataset, validate_dataset
 from epifit.model import compile_model, load_model
+from epifit.simulation import Problem, synthetic_metapopulation
 
 MODEL = MODELS / "seird_metapop_mobility.toml"
 COMMITTED = REPO / "data" / "synthetic_metapop_20.nc"
@@ -378,7 +378,7 @@ def test_load_params_keeps_neural_submodels(generated):
     """Overriding some rates of a model with an MLP keeps the MLP as it was;
     naming the MLP in the values is a clear error."""
     from epifit.data import DataError
-    from epifit.fitting import load_params
+    from epifit.simulation import load_params
 
     problem = Problem(MODEL, generated[0])
     base = problem.init_params()

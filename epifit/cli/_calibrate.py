@@ -45,8 +45,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 def _run(a) -> int:
     from epifit.data import write_dataset
-    from epifit.fitting import calibrate
-    from epifit.fitting._checkpoint import checkpoint_path
+    from epifit.fitting import calibrate, checkpoint_path
 
     model = existing_file(a.model, "Model")
     data = existing_file(a.data, "Data")

@@ -24,7 +24,7 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
 
 def _simulate(a) -> int:
     from epifit.data import write_dataset
-    from epifit.fitting import simulate
+    from epifit.simulation import simulate
 
     model = existing_file(a.model, "Model")
     data = existing_file(a.data, "Data") if a.data else None
@@ -90,7 +90,8 @@ def _adjoints_args(p: argparse.ArgumentParser) -> None:
 
 
 def _adjoints(a) -> int:
-    from epifit.fitting import Problem, audit_adjoints, load_params
+    from epifit.fitting import audit_adjoints
+    from epifit.simulation import Problem, load_params
 
     problem = Problem(existing_file(a.model, "Model"), existing_file(a.data, "Data"))
     params = load_params(

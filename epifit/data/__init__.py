@@ -6,6 +6,19 @@ patch, feature)`, `coupling (time, patch, patch_to)`, `population (patch)`) and
 CF-style metadata. See `docs/data.md`.
 """
 
+from epifit._schema import COMPARTMENT as COMPARTMENT
+from epifit._schema import CONVENTIONAL_DIMS as CONVENTIONAL_DIMS
+from epifit._schema import COUPLING as COUPLING
+from epifit._schema import DIMS as DIMS
+from epifit._schema import FEATURE as FEATURE
+from epifit._schema import MOBILITY as MOBILITY
+from epifit._schema import PATCH as PATCH
+from epifit._schema import PATCH_TO as PATCH_TO
+from epifit._schema import POPULATION as POPULATION
+from epifit._schema import QUANTILE as QUANTILE
+from epifit._schema import SCENARIO as SCENARIO
+from epifit._schema import STAGE as STAGE
+from epifit._schema import TIME as TIME
 from epifit.data._bind import BoundData as BoundData
 from epifit.data._bind import time_index as time_index
 from epifit.data._bind import validate_dataset as validate_dataset
@@ -29,18 +42,4 @@ from epifit.data._reporting import incidence as incidence
 from epifit.data._reporting import normalize_week_effect as normalize_week_effect
 from epifit.data._reporting import prevalence as prevalence
 from epifit.data._reporting import week_effect as week_effect
-from epifit.data._schema import COMPARTMENT as COMPARTMENT
-from epifit.data._schema import CONVENTIONAL_DIMS as CONVENTIONAL_DIMS
-from epifit.data._schema import COUPLING as COUPLING
-from epifit.data._schema import DIMS as DIMS
-from epifit.data._schema import FEATURE as FEATURE
-from epifit.data._schema import MOBILITY as MOBILITY
-from epifit.data._schema import PATCH as PATCH
-from epifit.data._schema import PATCH_TO as PATCH_TO
-from epifit.data._schema import POPULATION as POPULATION
-from epifit.data._schema import QUANTILE as QUANTILE
-from epifit.data._schema import SCENARIO as SCENARIO
-from epifit.data._schema import STAGE as STAGE
-from epifit.data._schema import TIME as TIME
-from epifit.data._synthetic import synthetic_metapopulation as synthetic_metapopulation
 from epifit.data._table import from_csv as from_csv

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import xarray as xr
 
+from epifit._schema import PATCH, PATCH_TO, POPULATION, TIME
 from epifit.data import _validate as v
 from epifit.data._errors import DataError
-from epifit.data._schema import PATCH, PATCH_TO, POPULATION, TIME
 
 Dims = tuple[str, ...]
 

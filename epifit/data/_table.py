@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from epifit._schema import PATCH, TIME
 from epifit.data._errors import DataError
-from epifit.data._schema import PATCH, TIME
 
 
 def from_csv(

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from epifit._schema import PATCH, PATCH_TO, TIME
 from epifit.data._errors import DataError
-from epifit.data._schema import PATCH, PATCH_TO, TIME
 
 _DAY = np.timedelta64(1, "D")
 

@@ -16,7 +16,6 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from epifit.fitting._objective import make_objective
-from epifit.fitting._problem import Problem
 from epifit.ode import (
     BacksolveAdjoint,
     CheckpointAdjoint,
@@ -24,6 +23,7 @@ from epifit.ode import (
     InterpolatingAdjoint,
     QuadratureAdjoint,
 )
+from epifit.simulation import Problem
 
 
 def default_adjoints() -> dict:

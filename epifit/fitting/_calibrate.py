@@ -54,12 +54,11 @@ from epifit.fitting._parameters import (
     leaf_labels,
     starting_params,
 )
-from epifit.fitting._problem import Problem
 from epifit.fitting._progress import ProgressBar, progress_enabled
 from epifit.fitting._result import FitResult, library_versions
-from epifit.fitting._simulate import trajectory_dataset
 from epifit.fitting._uncertainty import laplace, parameter_table
 from epifit.ode import AbstractAdjoint, AbstractSolver
+from epifit.simulation import Problem, trajectory_dataset
 
 __all__ = ["calibrate", "default_phases"]
 

@@ -28,6 +28,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from epifit._errors import LocatedError
+
 __all__ = [
     "CheckpointError",
     "checkpoint_path",
@@ -42,7 +44,7 @@ FORMAT = 1
 _hook: Callable[[Path], None] | None = None
 
 
-class CheckpointError(ValueError):
+class CheckpointError(LocatedError):
     """A checkpoint that cannot be used for this fit."""
 
 

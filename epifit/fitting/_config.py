@@ -18,8 +18,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from epifit.model._reader import Reader, at, join
-from epifit.model._transform import TRANSFORMS, bounds_error
+from epifit._errors import LocatedError
+from epifit._toml import Reader, at, join
+from epifit.model import TRANSFORMS, bounds_error
 
 __all__ = [
     "FitConfig",
@@ -33,19 +34,12 @@ __all__ = [
 ]
 
 
-class FitConfigError(ValueError):
+class FitConfigError(LocatedError):
     """An invalid fit configuration; the message names file, field and fix."""
-
-    def __init__(
-        self, reason: str, *, file: str | None = None, location: str | None = None
-    ):
-        self.file, self.location, self.reason = file, location, reason
-        super().__init__(": ".join([p for p in (file, location) if p] + [reason]))
 
 
 class _Reader(Reader):
-    def fail(self, location: str | None, reason: str) -> FitConfigError:
-        return FitConfigError(reason, file=self.file, location=location)
+    error = FitConfigError
 
     def positive(self, value: Any, location: str) -> float:
         x = self.number(value, location)

@@ -17,8 +17,8 @@ from epifit._jit import jit
 from epifit._vmap import default_group, vmap_batch
 from epifit.fitting._objective import aligned, observation_model
 from epifit.fitting._parameters import FreeParameters
-from epifit.fitting._problem import Problem
 from epifit.ode import jacobian
+from epifit.simulation import Problem
 
 __all__ = ["FitObjective"]
 

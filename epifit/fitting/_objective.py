@@ -7,8 +7,8 @@ from collections.abc import Callable
 import jax.numpy as jnp
 
 from epifit.data import Gaussian, NegativeBinomial, Poisson
-from epifit.fitting._problem import Problem
 from epifit.model import ObservationSpec
+from epifit.simulation import Problem
 
 
 def observation_model(obs: ObservationSpec, values):

@@ -26,12 +26,10 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
+from epifit._toml import read_values_file
 from epifit.fitting._config import FitConfig, FitConfigError, PriorConfig
-from epifit.fitting._problem import Problem
-from epifit.fitting._simulate import load_params
-from epifit.model import compile_model
-from epifit.model._reader import read_values_file
-from epifit.model._transform import bounds_error, default_bounds, value_error
+from epifit.model import bounds_error, compile_model, default_bounds, value_error
+from epifit.simulation import Problem, load_params
 
 __all__ = [
     "AbstractPrior",

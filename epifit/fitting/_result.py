@@ -18,7 +18,7 @@ import xarray as xr
 from jax.flatten_util import ravel_pytree
 
 from epifit.data import PATCH, TIME, DataError, open_dataset, write_dataset
-from epifit.fitting._problem import Problem
+from epifit.simulation import Problem
 
 __all__ = ["FitResult", "library_versions"]
 
@@ -292,9 +292,9 @@ class FitResult:
         still exists with the same SHA-256; otherwise `problem` is None (the
         stored trajectories and observations are still available).
         """
+        from epifit._paths import file_sha256
         from epifit.fitting._config import parse_fit_config
         from epifit.fitting._parameters import override_spec
-        from epifit.fitting._problem import _sha256
         from epifit.model import compile_model, loads_model
 
         ds = open_dataset(path)
@@ -314,7 +314,7 @@ class FitResult:
                 )
             spec = loads_model(text, path=ds.attrs.get("model_file") or str(path))
         else:
-            from epifit.fitting._problem import as_model
+            from epifit.model import as_model
 
             spec = as_model(model).spec
         n_patches = int(ds.sizes[PATCH])
@@ -333,7 +333,7 @@ class FitResult:
         problem = None
         data_file = ds.attrs.get("data_file")
         if data is None and data_file and Path(data_file).exists():
-            if _sha256(data_file) == ds.attrs.get("data_sha256"):
+            if file_sha256(data_file) == ds.attrs.get("data_sha256"):
                 data = data_file
         if data is not None:
             problem = Problem(compiled, data)

@@ -35,6 +35,7 @@ import numpy as np
 
 from epifit._jit import jit
 from epifit.fitting._loss import FitObjective
+from epifit.model import constrain
 
 __all__ = ["Laplace", "laplace", "parameter_table"]
 
@@ -180,7 +181,6 @@ def _table_arrays(objective: FitObjective, x, se_x, data, z):
     """Everything the parameter table needs, in one compiled call: constrained
     values, and for every free entry its slope `dc/dx` and the transformed
     interval ends; derived values and their gradients."""
-    from epifit.model._transform import constrain
 
     problem, free = objective.problem, objective.free
     model = problem.model

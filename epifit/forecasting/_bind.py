@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from epifit._toml import join
 from epifit.data import FEATURE, PATCH, PATCH_TO
 from epifit.forecasting._scenario import (
     BASELINE,
@@ -34,7 +35,6 @@ from epifit.forecasting._scenario import (
     parse_date,
 )
 from epifit.model import CompiledModel, SparseCoupling
-from epifit.model._reader import join
 
 __all__ = ["BoundScenarios", "Horizon", "bind_scenarios", "carry_forward"]
 

@@ -35,8 +35,7 @@ from jax.flatten_util import ravel_pytree
 
 from epifit._jit import jit
 from epifit._vmap import vmap_batch
-from epifit.model import CompiledModel
-from epifit.model._transform import unconstrain
+from epifit.model import CompiledModel, unconstrain
 from epifit.ode import (
     AbstractSolver,
     AbstractStepSizeController,

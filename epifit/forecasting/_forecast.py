@@ -16,8 +16,7 @@ import xarray as xr
 from jax.flatten_util import ravel_pytree
 
 from epifit.data import FEATURE
-from epifit.fitting import FitResult, Problem
-from epifit.fitting._parameters import leaf_labels
+from epifit.fitting import FitResult, leaf_labels
 from epifit.forecasting._bind import BoundScenarios, Horizon, bind_scenarios
 from epifit.forecasting._ensemble import (
     EnsembleConfig,
@@ -29,6 +28,7 @@ from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
 from epifit.forecasting._summary import first_row, summarize
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
+from epifit.simulation import Problem
 
 __all__ = [
     "DEFAULT_QUANTILES",

@@ -10,7 +10,7 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
-from epifit.fitting._result import library_versions
+from epifit.fitting import library_versions
 
 __all__ = ["KIND", "STATISTICS", "forecast_dataset", "forecast_summary"]
 

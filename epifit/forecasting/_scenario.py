@@ -49,8 +49,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from epifit.model._errors import describe_type
-from epifit.model._reader import Reader, at, join
+from epifit._errors import LocatedError, describe_type
+from epifit._toml import Reader, at, join
 
 __all__ = [
     "BASELINE",
@@ -82,21 +82,13 @@ CHANGE_FIELDS = (
 Day = int | _dt.date | str | None
 
 
-class ScenarioError(ValueError):
+class ScenarioError(LocatedError):
     """An invalid scenario (file, dict or Python object), or one that does not
     fit the model, the data or the horizon.
 
-    Attributes:
-        file: the scenario file, or `None` for scenarios built in Python.
-        location: the field path, e.g. `scenarios.lockdown.changes[0].start`.
-        reason: the message without file and location.
+    `file` is `None` for scenarios built in Python; `location` is a field path
+    such as `scenarios.lockdown.changes[0].start`.
     """
-
-    def __init__(
-        self, reason: str, *, file: str | None = None, location: str | None = None
-    ):
-        self.file, self.location, self.reason = file, location, reason
-        super().__init__(": ".join([p for p in (file, location) if p] + [reason]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -388,8 +380,7 @@ def parse_date(text: str, file: str | None, location: str) -> _dt.date:
 
 # --------------------------------------------------------------------- parsing
 class _Reader(Reader):
-    def fail(self, location: str | None, reason: str) -> ScenarioError:
-        return ScenarioError(reason, file=self.file, location=location)
+    error = ScenarioError
 
 
 def load_scenarios(path: str | os.PathLike) -> ScenarioSet:

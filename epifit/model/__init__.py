@@ -9,6 +9,9 @@ from epifit.model._coupling import sparse_coupling as sparse_coupling
 from epifit.model._errors import ModelSpecError as ModelSpecError
 from epifit.model._expression import Expression as Expression
 from epifit.model._expression import parse_expression as parse_expression
+from epifit.model._load import load_model as load_model
+from epifit.model._load import loads_model as loads_model
+from epifit.model._serialize import parameters_json as parameters_json
 from epifit.model._spec import BranchSpec as BranchSpec
 from epifit.model._spec import CompartmentSpec as CompartmentSpec
 from epifit.model._spec import CouplingSpec as CouplingSpec
@@ -22,8 +25,13 @@ from epifit.model._spec import NeuralSpec as NeuralSpec
 from epifit.model._spec import ObservationSpec as ObservationSpec
 from epifit.model._spec import ParameterSpec as ParameterSpec
 from epifit.model._spec import TransitionSpec as TransitionSpec
-from epifit.model._toml import load_model as load_model
-from epifit.model._toml import loads_model as loads_model
+from epifit.model._transform import TRANSFORMS as TRANSFORMS
+from epifit.model._transform import bounds_error as bounds_error
+from epifit.model._transform import constrain as constrain
+from epifit.model._transform import default_bounds as default_bounds
+from epifit.model._transform import unconstrain as unconstrain
+from epifit.model._transform import value_error as value_error
 from epifit.model._validate import spec_from_dict as spec_from_dict
 from epifit.model._vector_field import CompiledModel as CompiledModel
+from epifit.model._vector_field import as_model as as_model
 from epifit.model._vector_field import compile_model as compile_model

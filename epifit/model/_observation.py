@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from epifit.model._reader import FAMILIES, KINDS, STATIC_NAMES, at, join
+from epifit._toml import at, join
+from epifit.model._fields import FAMILIES, KINDS, STATIC_NAMES
 from epifit.model._spec import ObservationSpec
 
 if TYPE_CHECKING:

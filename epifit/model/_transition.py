@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from epifit._toml import at, join
 from epifit.model._expression import Expression
-from epifit.model._reader import RATE_NAMES, at, join
+from epifit.model._fields import RATE_NAMES
 from epifit.model._spec import BranchSpec, InfectionSpec, InfectiousSpec, TransitionSpec
 
 if TYPE_CHECKING:

@@ -6,11 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from epifit.model._errors import describe_type
+from epifit._errors import describe_type
+from epifit._toml import at, join
 from epifit.model._expression import Expression, parse_expression
-from epifit.model._neural import ACTIVATIONS, canonical_activation
-from epifit.model._observation import read_observations
-from epifit.model._reader import (
+from epifit.model._fields import (
     ALL_DIMS,
     COUPLING_DIMS,
     EXPRESSION_DIMS,
@@ -20,10 +19,10 @@ from epifit.model._reader import (
     RATE_NAMES,
     RULES,
     TOP_LEVEL,
-    Reader,
-    at,
-    join,
+    ModelReader,
 )
+from epifit.model._neural import ACTIVATIONS, canonical_activation
+from epifit.model._observation import read_observations
 from epifit.model._spec import (
     CompartmentSpec,
     CouplingSpec,
@@ -49,7 +48,7 @@ class Validator:
     """Reads the sections in dependency order, keeping the namespace."""
 
     def __init__(self, data: Any, file: str | None, default_name: str | None):
-        self.r = Reader(file)
+        self.r = ModelReader(file)
         self.file = file
         self.raw = self.r.table(
             data, None, required=("compartments",), optional=TOP_LEVEL

@@ -18,12 +18,12 @@ from jaxtyping import Array, ArrayLike, Float, PRNGKeyArray, PyTree
 from epifit._custom_types import Args, Params, Y
 from epifit.model._coupling import SparseCoupling, coupled_mass
 from epifit.model._errors import ModelSpecError
+from epifit.model._load import load_model
 from epifit.model._neural import make_mlp, neural_rates
 from epifit.model._observation import predict
 from epifit.model._once import computed_once
 from epifit.model._plan import Infection, Plan, make_plan
 from epifit.model._spec import CovariateSpec, ModelSpec, ObservationSpec
-from epifit.model._toml import load_model
 from epifit.model._transform import constrain, unconstrain
 from epifit.ode import PiecewiseConstant
 

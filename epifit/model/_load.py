@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from epifit.model._errors import ModelSpecError
-from epifit.model._reader import Reader
+from epifit.model._fields import ModelReader
 from epifit.model._spec import ModelSpec
 from epifit.model._validate import spec_from_dict
 
@@ -28,7 +28,7 @@ def loads_model(
     """
     if not isinstance(text, str):
         raise TypeError(f"loads_model expects str, got {type(text).__name__}")
-    data = Reader(path).toml(text)
+    data = ModelReader(path).toml(text)
     return spec_from_dict(data, file=path, default_name=name)
 
 

@@ -13,8 +13,8 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, TIME, DataError
-from epifit.fitting._problem import Problem
-from epifit.model._serialize import parameters_json
+from epifit.model import parameters_json
+from epifit.simulation._problem import Problem
 
 _DIMENSIONLESS = (
     "dimensionless (CF '1'): counts or fractions of each patch's population, as "
@@ -38,7 +38,7 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
     if source is None:
         return params
     if isinstance(source, str | os.PathLike):
-        from epifit.model._reader import read_values_file
+        from epifit._toml import read_values_file
 
         path = Path(source)
         values = read_values_file(

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from epifit._paths import file_sha256
 from epifit.data import (
     PATCH,
     TIME,
@@ -19,15 +18,8 @@ from epifit.data import (
     open_dataset,
     validate_dataset,
 )
-from epifit.model import ModelSpec, SparseCoupling, sparse_coupling
-from epifit.model._vector_field import as_model
+from epifit.model import ModelSpec, SparseCoupling, as_model, sparse_coupling
 from epifit.ode import PIDController, Solution, Tsit5, solve
-
-
-def _sha256(path: str | os.PathLike | None) -> str | None:
-    if path is None or not Path(path).exists():
-        return None
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 class Problem:
@@ -231,6 +223,6 @@ class Problem:
 
     def hashes(self) -> dict[str, str | None]:
         return {
-            "model_sha256": _sha256(self.model_path),
-            "data_sha256": _sha256(self.data_path),
+            "model_sha256": file_sha256(self.model_path),
+            "data_sha256": file_sha256(self.data_path),
         }

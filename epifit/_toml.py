@@ -1,4 +1,9 @@
-"""Typed, located access to a raw model description (nested dicts from TOML)."""
+"""Typed, located access to TOML files and the nested dicts they parse to.
+
+The bottom layer of epifit's file readers: the model files, fit configurations
+and scenario files are all read through a `Reader` whose errors name the file
+and the field (`models/x.toml: transitions[2].to: ...`).
+"""
 
 from __future__ import annotations
 
@@ -7,37 +12,14 @@ import keyword
 import math
 import re
 import tomllib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from epifit._errors import LocatedError, describe_type
 from epifit._paths import existing_file
-from epifit.model._errors import ModelSpecError, describe_type
-from epifit.model._expression import FUNCTIONS
 
-MAX_STAGES = 10_000
-TOP_LEVEL = (
-    "name",
-    "description",
-    "compartments",
-    "parameters",
-    "derived",
-    "covariates",
-    "neural",
-    "couplings",
-    "transitions",
-    "infections",
-    "observations",
-    "initial",
-)
-RULES = ("floor", "nearest")
-KINDS = ("prevalence", "incidence")
-FAMILIES = ("gaussian", "poisson", "negative_binomial")
-# dims of a covariate -> what it can be used as
-EXPRESSION_DIMS = (("patch",), ("time",), ("time", "patch"))
-NEURAL_DIMS = (("time", "patch", "feature"),)
-COUPLING_DIMS = (("patch", "patch_to"), ("time", "patch", "patch_to"))
-ALL_DIMS = EXPRESSION_DIMS + NEURAL_DIMS + COUPLING_DIMS
+__all__ = ["Reader", "at", "join", "read_values_file"]
 
 
 def join(items: Iterable[str]) -> str:
@@ -52,13 +34,22 @@ def at(location: str | None, key: str | int) -> str:
 
 
 class Reader:
-    """Typed access to the raw description; every failure names file and field."""
+    """Typed access to a raw description (nested dicts from TOML); every failure
+    is an `error` naming the file and the field path.
+
+    Subclasses set `error` to their layer's `LocatedError` (`ModelSpecError`,
+    `FitConfigError`, `ScenarioError`) and `reserved` to the names an identifier
+    may not take.
+    """
+
+    error: ClassVar[type[LocatedError]] = LocatedError
+    reserved: ClassVar[Collection[str]] = ()
 
     def __init__(self, file: str | None):
         self.file = file
 
-    def fail(self, location: str | None, reason: str) -> ModelSpecError:
-        return ModelSpecError(reason, file=self.file, location=location)
+    def fail(self, location: str | None, reason: str) -> LocatedError:
+        return self.error(reason, file=self.file, location=location)
 
     def toml(self, text: str) -> dict:
         """`text` parsed as TOML; malformed TOML fails at `line N`."""
@@ -153,7 +144,7 @@ class Reader:
                 f"{what} name {name!r} is not a valid identifier (letters, digits and "
                 "underscores, not starting with a digit, not a Python keyword)",
             )
-        if name in FUNCTIONS:
+        if name in self.reserved:
             raise self.fail(
                 location, f"{what} name {name!r} would shadow the function {name}()"
             )
@@ -170,13 +161,3 @@ def read_values_file(path: Path, fail: Callable[[str], Exception]) -> dict:
     except ValueError as e:
         raise fail(str(e)) from e
     return dict(data.get("parameters", data))
-
-
-PLURALS = {
-    "parameter": "parameters",
-    "derived quantity": "derived quantities",
-    "neural sub-model": "neural sub-models",
-    "covariate": "covariates",
-}
-RATE_NAMES = ("parameter", "derived quantity", "neural sub-model", "covariate")
-STATIC_NAMES = ("parameter", "derived quantity")

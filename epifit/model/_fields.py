@@ -1,0 +1,55 @@
+"""The fields of a model file: section names, allowed values, the reader.
+
+`ModelReader` is the located TOML reader (`epifit._toml.Reader`) of model
+files: its errors are `ModelSpecError`s, and names may not shadow the
+expression functions.
+"""
+
+from __future__ import annotations
+
+from epifit._schema import FEATURE, PATCH, PATCH_TO, TIME
+from epifit._toml import Reader
+from epifit.model._errors import ModelSpecError
+from epifit.model._expression import FUNCTIONS
+
+
+class ModelReader(Reader):
+    """The located reader of model descriptions."""
+
+    error = ModelSpecError
+    reserved = frozenset(FUNCTIONS)
+
+
+MAX_STAGES = 10_000
+TOP_LEVEL = (
+    "name",
+    "description",
+    "compartments",
+    "parameters",
+    "derived",
+    "covariates",
+    "neural",
+    "couplings",
+    "transitions",
+    "infections",
+    "observations",
+    "initial",
+)
+RULES = ("floor", "nearest")
+KINDS = ("prevalence", "incidence")
+FAMILIES = ("gaussian", "poisson", "negative_binomial")
+# dims of a covariate -> what it can be used as
+EXPRESSION_DIMS = ((PATCH,), (TIME,), (TIME, PATCH))
+NEURAL_DIMS = ((TIME, PATCH, FEATURE),)
+COUPLING_DIMS = ((PATCH, PATCH_TO), (TIME, PATCH, PATCH_TO))
+ALL_DIMS = EXPRESSION_DIMS + NEURAL_DIMS + COUPLING_DIMS
+
+
+PLURALS = {
+    "parameter": "parameters",
+    "derived quantity": "derived quantities",
+    "neural sub-model": "neural sub-models",
+    "covariate": "covariates",
+}
+RATE_NAMES = ("parameter", "derived quantity", "neural sub-model", "covariate")
+STATIC_NAMES = ("parameter", "derived quantity")
