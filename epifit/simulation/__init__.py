@@ -8,6 +8,9 @@ Fitting (`epifit.fitting`) and forecasting (`epifit.forecasting`) build on it.
 """
 
 from epifit.simulation._problem import Problem as Problem
+from epifit.simulation._settings import ADJOINTS as ADJOINTS
+from epifit.simulation._settings import SOLVERS as SOLVERS
+from epifit.simulation._settings import SolverSettings as SolverSettings
 from epifit.simulation._simulate import load_params as load_params
 from epifit.simulation._simulate import simulate as simulate
 from epifit.simulation._simulate import trajectory_dataset as trajectory_dataset

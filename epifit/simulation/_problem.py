@@ -19,7 +19,8 @@ from epifit.data import (
     validate_dataset,
 )
 from epifit.model import ModelSpec, SparseCoupling, as_model, sparse_coupling
-from epifit.ode import PIDController, Solution, Tsit5, solve
+from epifit.ode import Solution, solve
+from epifit.simulation._settings import SolverSettings
 
 
 class Problem:
@@ -179,39 +180,39 @@ class Problem:
     def solve(
         self,
         params,
+        settings: SolverSettings | None = None,
         *,
-        solver=None,
-        stepsize_controller=None,
-        adjoint=None,
-        rtol: float = 1e-6,
-        atol: float = 1e-9,
         arrays: Mapping[str, Any] | None = None,
         throw: bool = True,
-        max_steps: int = 4096,
+        **overrides,
     ) -> Solution:
         """Solve the model at `params` (unconstrained) over the problem's days.
 
-        `arrays` (default `self.arrays`) carries the covariates and initial data;
-        pass it as a traced argument under `jit`, or modified for scenarios.
+        Args:
+            params: unconstrained parameters.
+            settings: the solver settings (default `SolverSettings()`).
+            arrays: the problem's data (default `self.arrays`: covariates and
+                initial data); pass it as a traced argument under `jit`, or
+                modified for scenarios.
+            throw: raise `SolverError` on a failed solve; with `False` the
+                result code is in `Solution.result`.
+            **overrides: fields of `SolverSettings` replacing those of
+                `settings` (`rtol=1e-8`, `solver="kvaerno5"`, ...).
         """
+        settings = SolverSettings.of(settings, **overrides)
         arrays = self.arrays if arrays is None else arrays
         cov = arrays["covariates"]
         y0 = self.model.initial_state(params, arrays["initial"], self.n_patches)
         y0 = {k: v.astype(self.dtype) for k, v in y0.items()}
         args, inputs = self.model.precompute(params, cov, self.n_patches)
-        if stepsize_controller is None:
-            stepsize_controller = PIDController(rtol=rtol, atol=atol)
         return solve(
             self.model.vector_field,
             y0,
             args,
             ts=self.ts,
             inputs=inputs,
-            solver=Tsit5() if solver is None else solver,
-            stepsize_controller=stepsize_controller,
-            adjoint=adjoint,
             throw=throw,
-            max_steps=max_steps,
+            **settings.solve_kwargs(),
         )
 
     def predict(self, params, ys, arrays=None) -> dict[str, jnp.ndarray]:
