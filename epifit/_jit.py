@@ -7,10 +7,8 @@ import functools
 import jax
 
 # XLA CPU hands small fusions, such as the error norm of a Runge-Kutta step,
-# to the YNNPACK library; for ODE solves that is slower (measured on the
-# reference problem, interleaved in one process: loss 45.0 vs 50.1 ms, gradient
-# 160 vs 168 ms median). The option is experimental, so it is used only where
-# this jaxlib accepts it.
+# to the YNNPACK library; for ODE solves that is slower (epifit/README.md).
+# The option is experimental, so it is used only where this jaxlib accepts it.
 _NO_YNN = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
@@ -24,12 +22,8 @@ def compiler_options() -> dict:
     The one place to set backend options for every compiled loss, gradient
     and fit loop. An option earns its place here only when measured on the
     reference problem (`benchmarks/forward.py`, `benchmarks/gradient.py`) and
-    checked for correctness. For the record, XLA CPU's classic emitters
-    (`xla_cpu_use_fusion_emitters=False`, used until 2026-11) compile an
-    adaptive solve about 1.6x faster, but run its loss 1.5x and its gradient
-    1.25x slower and, with jaxlib 0.10.2, miscompile the forward-mode Jacobian
-    of the 280-patch reference loss (8.8% relative error, against 4e-6 with the
-    default emitters), so they are not used.
+    checked for correctness; the options tried and their measured effects are
+    recorded in `epifit/README.md`.
     """
     if jax.default_backend() != "cpu":
         return {}

@@ -23,9 +23,7 @@ def vmap_batch(
     selects its whole carry at each iteration and runs until its slowest
     member is done. That pays while a member's work per operation is small;
     for a solve of a few thousand state elements on CPU it costs more than it
-    saves. Measured on the 20-patch model of `notebooks/02` (float64, rtol
-    1e-5): `value_and_grad` of one start 57 ms batched against 33 ms
-    unbatched.
+    saves (measurements in `epifit/README.md`).
 
     Args:
         fn: the function of one member.
@@ -86,14 +84,9 @@ def vmap_batch(
 def default_group(backend: str | None = None) -> int | None:
     """The `group` of [`vmap_batch`][] for a fit's starting points.
 
-    On CPU, `1`: starts run one after another, each unbatched. Measured with
-    four starts (float64, `value_and_grad` of the fit objective, interleaved
-    in one process): 204 ms against 521 ms batched on the 20-patch model of
-    `notebooks/02`, and 3.3 ms against 4.5 ms even for the three-compartment
-    SIR of the boarding-school data (16 starts: 15 against 27 ms), where the
-    per-start work is smallest; groups of two were slower than either. The
-    compiled program is also smaller (first call 3.3 against 5.3 s for the
-    SIR). Elsewhere (GPU, TPU) `None`: all starts batched, which is what an
-    accelerator is for.
+    On CPU, `1`: starts run one after another, each unbatched, which is
+    faster and compiles a smaller program than batching them for every model
+    measured (`epifit/README.md`). Elsewhere (GPU, TPU) `None`: all starts
+    batched, which is what an accelerator is for.
     """
     return 1 if (backend or jax.default_backend()) == "cpu" else None
