@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m epifit.demo --out out
+	$(BIN)/python examples/demo.py --out out
 
 # Two workers: the suite is dominated by XLA compilation, one core each.
 PYTEST_ARGS ?= -n 2 --dist loadfile

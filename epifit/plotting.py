@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-__all__ = ["plot_fit", "select_patches"]
-
 from epifit._schema import PATCH, TIME
+
+__all__ = ["plot_fit", "select_patches"]
 
 
 def _series(ds: xr.Dataset) -> list[tuple[str, str | None, str | None]]:
@@ -82,6 +82,10 @@ def plot_fit(
     multiples, or the chosen `patches`): the model's prediction as a line and
     the observations as dots; for a fit, a last panel with the loss history.
 
+    Cost: a file is read whole into memory; drawing makes one matplotlib axes
+    per series and patch drawn (at most `max_patches` patches unless chosen),
+    so a figure of many patches is slow to build and to save.
+
     Args:
         source: a dataset, or a netCDF file from `epifit calibrate` or
             `epifit simulate`.
@@ -116,48 +120,11 @@ def plot_fit(
     fig = Figure(figsize=(3.2 * ncols + 0.6, 2.4 * nrows + 0.8), layout="constrained")
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(nrows, ncols)
-    t = ds[TIME].values
-    for k, (title, pred, obs) in enumerate(series):
-        for j, patch in enumerate(chosen):
-            r, c = k * rows_per + j // ncols, j % ncols
-            ax = fig.add_subplot(grid[r, c])
-            sel = {} if patch is None else {PATCH: patch}
-            if obs is not None:
-                y = ds[obs].sel(sel).values if sel else ds[obs].values
-                ax.plot(t, y, "o", ms=3, color="0.2", label="observed")
-            if pred is not None:
-                y = ds[pred].sel(sel).values if sel else ds[pred].values
-                ax.plot(t, y, "-", color="C0", lw=1.6, label="model")
-            name = title if patch is None else f"{title} — {patch}"
-            ax.set_title(name, fontsize=9)
-            ax.tick_params(labelsize=7)
-            for label in ax.get_xticklabels():
-                label.set_rotation(30)
-            if j == 0 and k == 0:
-                ax.legend(fontsize=7, frameon=False)
+    for k, row in enumerate(series):
+        _draw_series(fig, grid, ds, row, chosen, first_row=k * rows_per, legend=k == 0)
     if has_loss:
-        ax = fig.add_subplot(grid[nrows - 1, :])
-        loss = np.asarray(ds["loss_history"].values, float)
-        it = np.arange(1, loss.size + 1)
-        finite = loss[np.isfinite(loss)]
-        ax.plot(it, loss, "-", color="C3", lw=1.4)
-        if finite.size and finite.min() > 0 and finite.max() > 10 * finite.min():
-            ax.set_yscale("log")
-        if "phase_history" in ds:
-            phase = np.asarray(ds["phase_history"].values)
-            for i in np.flatnonzero(np.diff(phase)) + 1:
-                ax.axvline(i + 0.5, color="0.6", ls=":", lw=1)
-        ax.set_xlabel("iteration", fontsize=8)
-        ax.set_ylabel("loss", fontsize=8)
-        ax.set_title("loss history", fontsize=9)
-        ax.tick_params(labelsize=7)
-    kind = ds.attrs.get("epifit_kind", "simulation")
-    head = f"{ds.attrs.get('model', '')} ({kind})"
-    if kind == "fit" and "loss" in ds.attrs:
-        head += f": loss {float(ds.attrs['loss']):.6g}"
-    if note:
-        head += f"; {note}"
-    fig.suptitle(head, fontsize=10)
+        _draw_loss(fig.add_subplot(grid[nrows - 1, :]), ds)
+    fig.suptitle(_heading(ds, note), fontsize=10)
     if out is not None:
         out = Path(out)
         if not out.parent.is_dir():
@@ -166,3 +133,67 @@ def plot_fit(
             )
         fig.savefig(out, dpi=110)
     return fig
+
+
+def _draw_series(
+    fig: Any,
+    grid: Any,
+    ds: xr.Dataset,
+    row: tuple[str, str | None, str | None],
+    chosen: list[str | None],
+    *,
+    first_row: int,
+    legend: bool,
+) -> None:
+    """One block of panels, one per patch (`None`: no patch dim), from grid row
+    `first_row`: the observations as dots, the prediction as a line."""
+    title, pred, obs = row
+    ncols = grid.ncols
+    t = ds[TIME].values
+    for j, patch in enumerate(chosen):
+        r, c = first_row + j // ncols, j % ncols
+        ax = fig.add_subplot(grid[r, c])
+        sel = {} if patch is None else {PATCH: patch}
+        if obs is not None:
+            y = ds[obs].sel(sel).values if sel else ds[obs].values
+            ax.plot(t, y, "o", ms=3, color="0.2", label="observed")
+        if pred is not None:
+            y = ds[pred].sel(sel).values if sel else ds[pred].values
+            ax.plot(t, y, "-", color="C0", lw=1.6, label="model")
+        name = title if patch is None else f"{title} — {patch}"
+        ax.set_title(name, fontsize=9)
+        ax.tick_params(labelsize=7)
+        for label in ax.get_xticklabels():
+            label.set_rotation(30)
+        if j == 0 and legend:
+            ax.legend(fontsize=7, frameon=False)
+
+
+def _draw_loss(ax: Any, ds: xr.Dataset) -> None:
+    """The loss per iteration (log scale when it spans a decade), with dotted
+    lines where the optimiser's phase changes."""
+    loss = np.asarray(ds["loss_history"].values, float)
+    it = np.arange(1, loss.size + 1)
+    finite = loss[np.isfinite(loss)]
+    ax.plot(it, loss, "-", color="C3", lw=1.4)
+    if finite.size and finite.min() > 0 and finite.max() > 10 * finite.min():
+        ax.set_yscale("log")
+    if "phase_history" in ds:
+        phase = np.asarray(ds["phase_history"].values)
+        for i in np.flatnonzero(np.diff(phase)) + 1:
+            ax.axvline(i + 0.5, color="0.6", ls=":", lw=1)
+    ax.set_xlabel("iteration", fontsize=8)
+    ax.set_ylabel("loss", fontsize=8)
+    ax.set_title("loss history", fontsize=9)
+    ax.tick_params(labelsize=7)
+
+
+def _heading(ds: xr.Dataset, note: str) -> str:
+    """`model (fit): loss 1.23; note` from the file's attributes."""
+    kind = ds.attrs.get("epifit_kind", "simulation")
+    head = f"{ds.attrs.get('model', '')} ({kind})"
+    if kind == "fit" and "loss" in ds.attrs:
+        head += f": loss {float(ds.attrs['loss']):.6g}"
+    if note:
+        head += f"; {note}"
+    return head

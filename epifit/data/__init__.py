@@ -3,7 +3,17 @@
 One `xarray.Dataset` carries a problem's observations (`cases`, `deaths`,
 `in_bed`, ... with dims `(time[, patch])`), its covariates (`mobility (time,
 patch, feature)`, `coupling (time, patch, patch_to)`, `population (patch)`) and
-CF-style metadata. See `docs/data.md`.
+CF-style metadata. This module is the package's public surface: it reads and
+writes such datasets (`open_dataset`, `write_dataset`, `from_csv`), checks and
+binds them to what a model requests (`validate_dataset`), and holds the
+likelihood families and the delay and reporting helpers that compare a model's
+output with the observations.
+
+Cost: reading, writing and validating are NumPy/pandas work at call time,
+linear in the data read; the likelihoods and reporting helpers are jitted JAX
+functions, elementwise in the number of points, run inside the compiled
+objective. See `docs/data.md` for the conventions and `epifit/data/README.md`
+for what the package owns, imports and exports.
 """
 
 from epifit._schema import COMPARTMENT as COMPARTMENT

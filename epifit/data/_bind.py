@@ -9,8 +9,17 @@ import numpy as np
 import xarray as xr
 
 from epifit._schema import PATCH, PATCH_TO, POPULATION, TIME
-from epifit.data import _validate as v
 from epifit.data._errors import DataError
+from epifit.data._validate import (
+    check_patch,
+    check_time,
+    require_dims,
+    require_finite,
+    require_nonnegative,
+    require_positive,
+    require_real,
+    require_variable,
+)
 
 Dims = tuple[str, ...]
 
@@ -67,6 +76,14 @@ def validate_dataset(
     patches of the data missing from the model are an error unless
     `subset_patches=True`, which keeps only the model's patches.
 
+    Cost: NumPy at call time, nothing traced. Presence, dims and dtypes are
+    checked on metadata before any value is read; then each requested variable
+    is read in a few passes that are linear in its size (finiteness, sign, the
+    `float64` copy that [`BoundData`][epifit.data.BoundData] holds). The
+    caller's dataset is copied shallowly and never modified; reordering or
+    subsetting patches is one `Dataset.sel`, which copies the variables with a
+    patch dim.
+
     Args:
         ds: the dataset.
         observations: observed variable name -> dims, e.g.
@@ -102,6 +119,36 @@ def validate_dataset(
     """
     if not isinstance(ds, xr.Dataset):
         raise TypeError(f"validate_dataset needs an xarray.Dataset; got {type(ds)}.")
+    observations, covariates = _requests(observations, covariates)
+    requested = {**observations, **covariates}
+    ds = ds.copy(deep=False)  # never modify the caller's dataset
+    _check_variables(ds, requested, sizes or {})
+    uses = {d: n for n, dims in reversed(requested.items()) for d in dims}
+    times = None
+    if TIME in uses:
+        check_time(ds, uses[TIME])
+        times = time_index(ds)
+    labels = None
+    if PATCH in uses or PATCH_TO in uses:
+        ds = _bind_patches(ds, uses, patches, subset_patches)
+        labels = tuple(str(p) for p in ds[PATCH].values)
+    observed, mask = _bind_observations(ds, observations)
+    bound_covariates = _bind_covariates(ds, covariates)
+    return BoundData(
+        dataset=ds,
+        times=times,
+        patches=labels,
+        observed=observed,
+        mask=mask,
+        covariates=bound_covariates,
+    )
+
+
+def _requests(
+    observations: Mapping[str, Sequence[str]] | None,
+    covariates: Mapping[str, Sequence[str]] | None,
+) -> tuple[dict[str, Dims], dict[str, Dims]]:
+    """The requested variables as `name -> dims` tuples; no name in both roles."""
     observations = {k: tuple(d) for k, d in (observations or {}).items()}
     covariates = {k: tuple(d) for k, d in (covariates or {}).items()}
     both = sorted(set(observations) & set(covariates))
@@ -109,14 +156,19 @@ def validate_dataset(
         raise ValueError(
             f"Variables {both} are requested as observation and covariate."
         )
-    requested = {**observations, **covariates}
-    ds = ds.copy(deep=False)  # never modify the caller's dataset
+    return observations, covariates
 
-    arrays = {name: v.require_variable(ds, name) for name in requested}
+
+def _check_variables(
+    ds: xr.Dataset, requested: Mapping[str, Dims], sizes: Mapping[str, int]
+) -> None:
+    """Every requested variable is present, with its dims and a real dtype, and
+    the dims in `sizes` have those sizes. Reads no values."""
+    arrays = {name: require_variable(ds, name) for name in requested}
     for name, dims in requested.items():
-        v.require_dims(arrays[name], name, dims)
-        v.require_real(arrays[name], name)
-    for dim, size in (sizes or {}).items():
+        require_dims(arrays[name], name, dims)
+        require_real(arrays[name], name)
+    for dim, size in sizes.items():
         users = [n for n, dims in requested.items() if dim in dims]
         if dim not in ds.dims:
             raise DataError(
@@ -128,46 +180,58 @@ def validate_dataset(
                 f"expected {size} (used by {users})"
             )
 
-    uses = {d: n for n, dims in reversed(requested.items()) for d in dims}
-    times = None
-    if TIME in uses:
-        v.check_time(ds, uses[TIME])
-        times = time_index(ds)
-    labels = None
-    if PATCH in uses or PATCH_TO in uses:
-        if PATCH not in ds.dims:
-            raise DataError(
-                f"Variable '{uses.get(PATCH_TO)}' has dim '{PATCH_TO}' but the "
-                f"dataset has no '{PATCH}' dim"
-            )
-        ds = v.check_patch(ds, uses.get(PATCH, uses.get(PATCH_TO)))
-        ds = _match_patches(ds, patches, subset_patches)
-        labels = tuple(str(p) for p in ds[PATCH].values)
 
-    observed, mask, bound_covariates = {}, {}, {}
+def _bind_patches(
+    ds: xr.Dataset,
+    uses: Mapping[str, str],
+    patches: Sequence[str] | int | None,
+    subset: bool,
+) -> xr.Dataset:
+    """`ds` with checked `patch` (and `patch_to`) labels, matched to the model's
+    patches; `uses` maps each dim to the first variable that has it."""
+    if PATCH not in ds.dims:
+        raise DataError(
+            f"Variable '{uses.get(PATCH_TO)}' has dim '{PATCH_TO}' but the "
+            f"dataset has no '{PATCH}' dim"
+        )
+    ds = check_patch(ds, uses.get(PATCH, uses.get(PATCH_TO)))
+    return _match_patches(ds, patches, subset)
+
+
+def _bind_observations(
+    ds: xr.Dataset, observations: Mapping[str, Dims]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The observations as `float64` with NaN replaced by 0, and their masks.
+
+    Writes each variable, transposed to its requested dims, back into `ds` (the
+    caller's shallow copy)."""
+    observed, mask = {}, {}
     for name, dims in observations.items():
-        da = v.require_dims(ds[name], name, dims)
-        v.require_finite(da, name, "observation")
-        v.require_nonnegative(da, name, "counts")
+        da = require_dims(ds[name], name, dims)
+        require_finite(da, name, "observation")
+        require_nonnegative(da, name, "counts")
         values = np.asarray(da.values, dtype=np.float64)
         mask[name] = ~np.isnan(values)
         observed[name] = np.where(mask[name], values, 0.0)
         ds[name] = da
+    return observed, mask
+
+
+def _bind_covariates(
+    ds: xr.Dataset, covariates: Mapping[str, Dims]
+) -> dict[str, np.ndarray]:
+    """The covariates as C-contiguous `float64`; complete, finite, and a positive
+    `population`. Writes each variable, transposed to its requested dims, back
+    into `ds` (the caller's shallow copy)."""
+    bound = {}
     for name, dims in covariates.items():
-        da = v.require_dims(ds[name], name, dims)
-        v.require_finite(da, name, "covariate")
+        da = require_dims(ds[name], name, dims)
+        require_finite(da, name, "covariate")
         if name == POPULATION:
-            v.require_positive(da, name)
-        bound_covariates[name] = np.ascontiguousarray(da.values, dtype=np.float64)
+            require_positive(da, name)
+        bound[name] = np.ascontiguousarray(da.values, dtype=np.float64)
         ds[name] = da
-    return BoundData(
-        dataset=ds,
-        times=times,
-        patches=labels,
-        observed=observed,
-        mask=mask,
-        covariates=bound_covariates,
-    )
+    return bound
 
 
 def _match_patches(

@@ -27,7 +27,8 @@ class AbstractDelay(eqx.Module):
     variance gains about `1/12` (Sheppard's correction).
 
     Subclasses are parametrised by `mean` and `sd`, which may be traced
-    (fitted); `max_delay` is static.
+    (fitted); `max_delay` is static. `pmf()` costs `max_delay + 1` evaluations
+    of the CDF.
     """
 
     mean: eqx.AbstractVar[Array]
@@ -119,6 +120,10 @@ def convolve_delay(
     matters). Along `time` (the leading axis) this is
     `numpy.convolve(incidence, pmf)[:len(incidence)]`, applied to every series
     of the trailing axes (e.g. `patch`).
+
+    Cost: the sum over delays is unrolled at trace time (`max_delay` is small
+    and static): `min(D + 1, time)` shifted copies of `incidence`, so time,
+    memory traffic and program size grow linearly with `D`.
 
     Args:
         incidence: events per day, leading axis `time`.

@@ -23,6 +23,8 @@ def open_dataset(path: str | os.PathLike[str]) -> xr.Dataset:
     `datetime64[ns]`; string coordinates come back as NumPy `str` arrays, as they
     were written.
 
+    Cost: the whole file is read into memory (one copy of every variable).
+
     Args:
         path: the netCDF file.
 
@@ -59,6 +61,10 @@ def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
     Coordinates, attributes and dtypes survive a round trip through
     [`open_dataset`][epifit.data.open_dataset], with one normalisation: datetimes
     come back as `datetime64[ns]` whatever their resolution in memory.
+
+    Cost: one full write of the encoded dataset and one `fsync` of the file and
+    of its directory; the temporary file needs the dataset's size on disk beside
+    the old file until the rename.
 
     Args:
         ds: the dataset.

@@ -4,7 +4,9 @@ The usual chain of renewal-model tools (EpiNow2, epinowcast), in that order:
 
     expected = week_effect(ascertain(convolve_delay(incidence, delay), fraction))
 
-Each step is a pure JAX function of arrays whose leading axis is `time`.
+Each step is a pure, jitted JAX function of arrays whose leading axis is `time`,
+elementwise (linear in the number of points) except the delay, which costs one
+pass per day of delay (see `convolve_delay`).
 """
 
 import jax

@@ -41,6 +41,10 @@ def from_csv(
     Place labels are read as strings (so `01001` keeps its leading zero) and
     values as `float64`, so that missing entries can be NaN.
 
+    Cost: pandas reads the whole table into memory; the checks are linear in
+    the rows and the pivot sorts the (date[, place]) keys. The result is dense:
+    `time x patch` `float64` values per value column, however sparse the rows.
+
     Args:
         path: the CSV file.
         time: name of the date column.
@@ -71,7 +75,25 @@ def from_csv(
     """
     path = Path(path)
     table = _read_table(path, patch)
-    columns = list(table.columns)
+    values = _value_columns(list(table.columns), path, time, patch, values)
+    if len(table) == 0:
+        raise DataError(f"'{path}' has a header but no rows.")
+    table = _parse_columns(table, path, time, values)
+    keys = [time] if patch is None else [time, patch]
+    _check_keys(table, path, keys, patch)
+    ds = _pivot(table, keys, values, time, patch, fill_days)
+    ds.attrs.update({"source": path.name} if attrs is None else dict(attrs))
+    return ds
+
+
+def _value_columns(
+    columns: list[str],
+    path: Path,
+    time: str,
+    patch: str | None,
+    values: Sequence[str] | None,
+) -> list[str]:
+    """The value columns: the named ones (checked) or all but time and patch."""
     for role, name in (("time", time), ("patch", patch)):
         if name is not None and name not in columns:
             raise DataError(f"No {role} column '{name}' in '{path}'; found {columns}.")
@@ -88,15 +110,24 @@ def from_csv(
             )
     if not values:
         raise DataError(f"No value columns in '{path}'; found {columns}.")
-    if len(table) == 0:
-        raise DataError(f"'{path}' has a header but no rows.")
+    return values
 
+
+def _parse_columns(
+    table: pd.DataFrame, path: Path, time: str, values: list[str]
+) -> pd.DataFrame:
+    """A copy of `table` with the time column parsed and the values as `float64`."""
     times = _parse_time(table[time], time, path)
     table = table.assign(**{time: times})
     for name in values:
         table[name] = _parse_values(table[name], name, path)
+    return table
 
-    keys = [time] if patch is None else [time, patch]
+
+def _check_keys(
+    table: pd.DataFrame, path: Path, keys: list[str], patch: str | None
+) -> None:
+    """No empty place, and each (date[, place]) key on one row only."""
     if patch is not None and table[patch].isna().any():
         row = int(np.flatnonzero(table[patch].isna().to_numpy())[0])
         raise DataError(f"Empty place in column '{patch}' of '{path}' (row {row + 2}).")
@@ -111,6 +142,18 @@ def from_csv(
             "appear once."
         )
 
+
+def _pivot(
+    table: pd.DataFrame,
+    keys: list[str],
+    values: list[str],
+    time: str,
+    patch: str | None,
+    fill_days: bool,
+) -> xr.Dataset:
+    """The parsed table as a dataset with dims `(time[, patch])`: places sorted
+    as strings, the time axis completed to every day if `fill_days`, NaN where a
+    key has no row."""
     frame = table.set_index(keys)[values].sort_index()
     ds = xr.Dataset.from_dataframe(frame)
     ds = ds.rename({time: TIME} if patch is None else {time: TIME, patch: PATCH})
@@ -123,7 +166,6 @@ def from_csv(
         ds = ds.reindex({TIME: _daily_range(ds[TIME].values)})
     for name in values:
         ds[name] = ds[name].astype(np.float64)
-    ds.attrs.update({"source": path.name} if attrs is None else dict(attrs))
     return ds
 
 

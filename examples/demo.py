@@ -1,6 +1,10 @@
 """`make demo`: calibrate models on the bundled data and write the results.
 
-    python -m epifit.demo --out out
+    python examples/demo.py --out out
+
+A script of the repository, not part of the library: it reads the model files
+(`models/`) and datasets (`data/`) next to it, found from this file's place in
+the checkout, and writes to `--out` (relative to the working directory).
 
 1. The 1978 boarding-school influenza outbreak: an SIR least-squares fit of
    the boys confined to bed, with R0 and its 95% interval.
@@ -22,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[1]  # the repository: models/, data/
 
 
 def _say(msg: str) -> None:
