@@ -24,12 +24,12 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(BIN)/ruff check epifit tests benchmarks data
-	$(BIN)/ruff format --check epifit tests benchmarks data
+	$(BIN)/ruff check epifit tests benchmarks data examples
+	$(BIN)/ruff format --check epifit tests benchmarks data examples
 
 format: $(STAMP)
-	$(BIN)/ruff check --fix epifit tests benchmarks data
-	$(BIN)/ruff format epifit tests benchmarks data
+	$(BIN)/ruff check --fix epifit tests benchmarks data examples
+	$(BIN)/ruff format epifit tests benchmarks data examples
 
 bench: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[bench]'

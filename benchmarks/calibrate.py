@@ -354,7 +354,7 @@ def worker(a) -> dict:
     if a.worker == "epifit-calibrate":
         import tempfile
 
-        from epifit._cache import enable_compilation_cache
+        from epifit import enable_compilation_cache
 
         cache = enable_compilation_cache(tempfile.mkdtemp(prefix="epifit-bench-cache-"))
     sm = h.require_reference()

@@ -18,6 +18,7 @@ __version__ = "0.1.0"
 
 _EXPORTS = {
     "jit": "epifit._jit",
+    "enable_compilation_cache": "epifit._cache",
     "DataError": "epifit.data",
     "open_dataset": "epifit.data",
     "write_dataset": "epifit.data",
@@ -49,6 +50,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and editors
+    from epifit._cache import enable_compilation_cache as enable_compilation_cache
     from epifit._jit import jit as jit
     from epifit.data import DataError as DataError
     from epifit.data import open_dataset as open_dataset

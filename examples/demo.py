@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     jax.config.update("jax_enable_x64", True)
-    from epifit._cache import enable_compilation_cache
+    from epifit import enable_compilation_cache
 
     enable_compilation_cache()
     out = Path(a.out)
