@@ -17,13 +17,14 @@ from jax.flatten_util import ravel_pytree
 
 from epifit.data import FEATURE
 from epifit.fitting import FitResult, leaf_labels
-from epifit.forecasting._bind import BoundScenarios, Horizon, bind_scenarios
+from epifit.forecasting._bind import BoundScenarios, bind_scenarios
 from epifit.forecasting._ensemble import (
     EnsembleConfig,
     draw_samples,
     iter_ensemble,
     param_template,
 )
+from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
 from epifit.forecasting._summary import first_row, summarize
