@@ -367,7 +367,11 @@ def test_python_scenarios_name_no_file_but_the_field():
     with pytest.raises(
         ScenarioError, match=r"^scenarios\.x\.changes\[0\]: give exactly one"
     ):
-        Scenario("x", [Change(scale=0.5)])
+        Scenario("x", [Change(covariate="mobility")])
+    # the target picks the kind of change, so a change without one fails at once,
+    # before it has a place in a scenario
+    with pytest.raises(ScenarioError, match=r"^give exactly one target: .* got none"):
+        Change(scale=0.5)
     with pytest.raises(
         ScenarioError, match=r"scenarios\.x: scenario 'x' is defined twice"
     ):
@@ -404,3 +408,25 @@ def test_horizon_and_arguments_are_checked(problem):
         forecast(
             problem, params=p, days=3, samples=5, covariance=np.full((n, n), np.inf)
         )
+
+
+def test_change_builds_the_final_class_of_its_target():
+    from epifit.forecasting import (
+        AbstractChange,
+        CovariateChange,
+        ParameterChange,
+        TransmissionChange,
+    )
+
+    cov = Change(covariate="coupling", inflow=["p03"], scale=0.0, start=95)
+    assert cov == CovariateChange("coupling", inflow=("p03",), scale=0.0, start=95)
+    assert Change(parameter="kappa", value=1.0) == ParameterChange("kappa", value=1.0)
+    assert Change(transmission=True, scale=0.5) == TransmissionChange(scale=0.5)
+    assert isinstance(cov, AbstractChange)
+    with pytest.raises(TypeError):
+        AbstractChange(scale=1.0)
+    # a covariate's fields on another target are refused when the change is made
+    with pytest.raises(
+        ScenarioError, match=r"^inflow: 'inflow' applies to covariates only; .*'kappa'"
+    ):
+        Change(parameter="kappa", scale=1.0, inflow=["p01"])

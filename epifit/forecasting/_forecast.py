@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import warnings
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -15,20 +14,27 @@ import numpy as np
 import xarray as xr
 from jax.flatten_util import ravel_pytree
 
+from epifit._paths import file_sha256
 from epifit.data import FEATURE
 from epifit.fitting import FitResult, leaf_labels
-from epifit.forecasting._bind import BoundScenarios, Horizon, bind_scenarios
+from epifit.forecasting._bind import BoundScenarios, bind_scenarios
 from epifit.forecasting._ensemble import (
     EnsembleConfig,
     draw_samples,
     iter_ensemble,
     param_template,
 )
+from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
 from epifit.forecasting._summary import first_row, summarize
-from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
-from epifit.simulation import Problem
+from epifit.ode import (
+    AbstractSolver,
+    AbstractStepSizeController,
+    ConstantStepSize,
+    PIDController,
+)
+from epifit.simulation import SOLVERS, Problem, SolverSettings
 
 __all__ = [
     "DEFAULT_QUANTILES",
@@ -42,10 +48,6 @@ __all__ = [
 DEFAULT_QUANTILES = (0.025, 0.25, 0.5, 0.75, 0.975)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
 def _resolve_fit(fit, params, covariance, data):
     """`(problem, params, covariance, settings, provenance)` from what was given."""
     prov: dict[str, Any] = {}
@@ -53,7 +55,7 @@ def _resolve_fit(fit, params, covariance, data):
         path = Path(fit)
         if not path.exists():
             raise FileNotFoundError(f"Fit file {path} does not exist.")
-        prov = {"fit_file": str(path), "fit_sha256": _sha256(path)}
+        prov = {"fit_file": str(path), "fit_sha256": file_sha256(path)}
         fit = FitResult.from_netcdf(path, data=data)
     elif data is not None and not isinstance(fit, Problem):
         raise ValueError("data= applies to a fit file path; a FitResult has its data.")
@@ -85,13 +87,16 @@ def _resolve_fit(fit, params, covariance, data):
     )
 
 
-def _solver(settings: Mapping[str, Any], solver, controller, rtol, atol):
-    import epifit.ode as ode
-
+def _solver_settings(
+    stored: Mapping[str, Any], solver, controller, rtol, atol, max_steps
+) -> SolverSettings:
+    """The solve's settings: the arguments given, else the fit's `stored`
+    settings (its solver by class name, tolerances and step budget), else
+    `SolverSettings`' defaults."""
     if solver is None:
-        name = str(settings.get("solver") or "Tsit5")
-        cls = getattr(ode, name, None)
-        if not (isinstance(cls, type) and issubclass(cls, AbstractSolver)):
+        name = str(stored.get("solver") or "Tsit5")
+        cls = SOLVERS.get(name.lower())
+        if cls is None:
             raise ValueError(
                 f"The fit's solver {name!r} is not an epifit.ode solver; pass "
                 "solver= (e.g. epifit.ode.Tsit5())."
@@ -99,18 +104,20 @@ def _solver(settings: Mapping[str, Any], solver, controller, rtol, atol):
         solver = cls()
     if not isinstance(solver, AbstractSolver):
         raise TypeError(f"solver must be an epifit.ode solver; got {solver!r}.")
-    if controller is None:
-        controller = PIDController(
-            rtol=rtol if rtol is not None else settings.get("rtol", 1e-6),
-            atol=atol if atol is not None else settings.get("atol", 1e-9),
-        )
-    elif rtol is not None or atol is not None:
+    if controller is not None and (rtol is not None or atol is not None):
         raise ValueError("Give rtol/atol or a stepsize_controller, not both.")
-    if not isinstance(controller, AbstractStepSizeController):
-        raise TypeError(
-            f"stepsize_controller must be an epifit.ode controller; got {controller!r}."
-        )
-    return solver, controller
+    keys = ("rtol", "atol", "max_steps")
+    fitted = {k: stored[k] for k in keys if stored.get(k) is not None}
+    return SolverSettings.of(
+        fitted,
+        solver=solver,
+        stepsize_controller=controller,
+        rtol=rtol,
+        atol=atol,
+        max_steps=max_steps,
+        # a constant step is the controller's own; SolverSettings asks for it
+        dt0=controller.dt0 if isinstance(controller, ConstantStepSize) else None,
+    )
 
 
 @dataclasses.dataclass
@@ -233,7 +240,7 @@ def prepare_forecast(
     without running anything: `prepare_forecast(...).run()` is
     [`forecast`][]. The arguments are those of `forecast` (less
     `chunk_size`)."""
-    problem, params, cov, settings, prov, fit_obj = _resolve_fit(
+    problem, params, cov, stored, prov, fit_obj = _resolve_fit(
         fit, params, covariance, data
     )
     sset = as_scenarios(scenarios) if not _empty(scenarios) else ScenarioSet(())
@@ -243,73 +250,19 @@ def prepare_forecast(
             "Give the forecast horizon: days=N (--days N), or `days = N` in the "
             "scenario file."
         )
-    for name, v, lo in (("days", days, 0), ("samples", samples, 0), ("seed", seed, 0)):
-        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}.")
-    q = np.asarray(quantiles, np.float64).ravel()
-    if q.size == 0 or np.any((q < 0) | (q > 1)) or np.any(np.diff(q) <= 0):
-        raise ValueError(
-            f"quantiles must be increasing levels in [0, 1]; got {list(quantiles)}."
-        )
+    q = _check_numbers(days, samples, seed, quantiles)
     model = problem.model
-    spec = model.spec
-    observations = tuple(o.name for o in spec.observations)
-    compartments = tuple(compartments)
-    unknown = [c for c in compartments if c not in model.compartments]
-    if unknown:
-        raise ValueError(
-            f"Unknown compartment(s) {unknown}; model '{spec.name}' has "
-            f"{', '.join(model.compartments)}."
-        )
-    clash = sorted(set(compartments) & set(observations))
-    if clash:
-        raise ValueError(
-            f"{clash} name both a compartment and an observed series; leave them "
-            "out of compartments (the observed series is always reported)."
-        )
-
-    n_fit = int(problem.ts.size)
-    first = None
-    if problem.dates is not None:
-        first = np.datetime64(problem.dates[0], "D")
-    horizon = Horizon(n_fit=n_fit, n_days=n_fit + int(days), first_date=first)
-    if horizon.n_days < 2:
-        raise ValueError("A forecast needs at least 2 days in all; give days >= 1.")
-    values = jax.tree.map(np.asarray, model.constrain(params))
-    feature_labels = {}
-    ds_in = problem.dataset
-    if ds_in is not None and FEATURE in ds_in.coords:
-        labels = [str(v) for v in ds_in[FEATURE].values]
-        feature_labels = {c.name: labels for c in spec.covariates if FEATURE in c.dims}
-    bound = bind_scenarios(
-        sset,
-        model=model,
-        patches=problem.patches,
-        covariates=dict(problem.covariates),
-        values=values,
-        horizon=horizon,
-        feature_labels=feature_labels,
-        baseline=baseline,
-    )
-    if not bound.names:
-        raise ValueError("No scenarios to run: give scenarios, or baseline=True.")
-
-    # -- samples --
+    observations = tuple(o.name for o in model.spec.observations)
+    compartments = _check_compartments(model, tuple(compartments), observations)
+    horizon = _horizon(problem, days)
+    bound = _bind(problem, params, sset, horizon, baseline)
     template, static = param_template(model, params)
-    x_hat = np.asarray(ravel_pytree(template[0])[0], np.float64)
-    if fit_obj is not None:
-        per_patch = {p.name for p in spec.parameters if p.per_patch}
-        labels, _ = leaf_labels(template[0], problem.patches, per_patch)
-        if tuple(labels) != tuple(fit_obj.labels):
-            raise ValueError(
-                "The fit's free parameters do not match its model's: "
-                f"{list(fit_obj.labels)[:8]} vs {labels[:8]}."
-            )
-    draws = draw_samples(x_hat, cov if samples else None, int(samples), seed=int(seed))
-    xs = np.concatenate([x_hat[None, :], draws])
-
-    solver_, controller = _solver(settings, solver, stepsize_controller, rtol, atol)
-    steps = int(max_steps or settings.get("max_steps") or 4096)
+    xs = _draws(problem, template, fit_obj, cov, samples, seed)
+    settings = _solver_settings(
+        stored, solver, stepsize_controller, rtol, atol, max_steps
+    )
+    controller = settings.controller
+    sha = file_sha256(sset.source) if sset.source else None
     cfg = EnsembleConfig(
         model=model,
         n_patches=problem.n_patches,
@@ -319,9 +272,9 @@ def prepare_forecast(
         transmission=bound.transmission,
         observations=observations,
         compartments=compartments,
-        solver=solver_,
+        solver=settings.solver,
         controller=controller,
-        max_steps=steps,
+        max_steps=settings.max_steps,
         dtype=str(np.dtype(problem.dtype)),
         static=static,
     )
@@ -329,20 +282,9 @@ def prepare_forecast(
         **prov,
         "samples": int(samples),
         "seed": int(seed),
-        "solver": type(solver_).__name__,
-        "stepsize_controller": type(controller).__name__,
-        **(
-            {"rtol": float(controller.rtol), "atol": float(controller.atol)}
-            if isinstance(controller, PIDController)
-            else {}
-        ),
-        "max_steps": steps,
+        **_settings_attrs(settings.solver, controller, settings.max_steps),
         "scenarios_file": sset.source or "",
-        **(
-            {"scenarios_sha256": _sha256(Path(sset.source))}
-            if sset.source and Path(sset.source).exists()
-            else {}
-        ),
+        **({"scenarios_sha256": sha} if sha else {}),
     }
     return PreparedForecast(
         problem=problem,
@@ -357,6 +299,105 @@ def prepare_forecast(
         compartments=compartments,
         attrs=attrs,
     )
+
+
+def _check_numbers(days, samples, seed, quantiles) -> np.ndarray:
+    """Check the counts; return the quantile levels as an array."""
+    for name, v, lo in (("days", days, 0), ("samples", samples, 0), ("seed", seed, 0)):
+        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
+            raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}.")
+    q = np.asarray(quantiles, np.float64).ravel()
+    if q.size == 0 or np.any((q < 0) | (q > 1)) or np.any(np.diff(q) <= 0):
+        raise ValueError(
+            f"quantiles must be increasing levels in [0, 1]; got {list(quantiles)}."
+        )
+    return q
+
+
+def _check_compartments(model, compartments: tuple[str, ...], observations):
+    """The compartments to report: the model's, none of them observed."""
+    unknown = [c for c in compartments if c not in model.compartments]
+    if unknown:
+        raise ValueError(
+            f"Unknown compartment(s) {unknown}; model '{model.spec.name}' has "
+            f"{', '.join(model.compartments)}."
+        )
+    clash = sorted(set(compartments) & set(observations))
+    if clash:
+        raise ValueError(
+            f"{clash} name both a compartment and an observed series; leave them "
+            "out of compartments (the observed series is always reported)."
+        )
+    return compartments
+
+
+def _horizon(problem: Problem, days: int) -> Horizon:
+    """The data's days and `days` forecast days after them."""
+    n_fit = int(problem.ts.size)
+    first = None
+    if problem.dates is not None:
+        first = np.datetime64(problem.dates[0], "D")
+    horizon = Horizon(n_fit=n_fit, n_days=n_fit + int(days), first_date=first)
+    if horizon.n_days < 2:
+        raise ValueError("A forecast needs at least 2 days in all; give days >= 1.")
+    return horizon
+
+
+def _bind(problem: Problem, params, sset, horizon, baseline) -> BoundScenarios:
+    """The scenarios bound to the problem's model and data (with the feature
+    labels of the dataset, when it has them)."""
+    model = problem.model
+    values = jax.tree.map(np.asarray, model.constrain(params))
+    feature_labels = {}
+    ds_in = problem.dataset
+    if ds_in is not None and FEATURE in ds_in.coords:
+        labels = [str(v) for v in ds_in[FEATURE].values]
+        feature_labels = {
+            c.name: labels for c in model.spec.covariates if FEATURE in c.dims
+        }
+    bound = bind_scenarios(
+        sset,
+        model=model,
+        patches=problem.patches,
+        covariates=dict(problem.covariates),
+        values=values,
+        horizon=horizon,
+        feature_labels=feature_labels,
+        baseline=baseline,
+    )
+    if not bound.names:
+        raise ValueError("No scenarios to run: give scenarios, or baseline=True.")
+    return bound
+
+
+def _draws(problem: Problem, template, fit_obj, cov, samples, seed) -> np.ndarray:
+    """`(1 + samples, free)`: the point estimate, then the draws (checked
+    against the fit's parameter labels, for a fit)."""
+    x_hat = np.asarray(ravel_pytree(template[0])[0], np.float64)
+    if fit_obj is not None:
+        per_patch = {p.name for p in problem.model.spec.parameters if p.per_patch}
+        labels, _ = leaf_labels(template[0], problem.patches, per_patch)
+        if tuple(labels) != tuple(fit_obj.labels):
+            raise ValueError(
+                "The fit's free parameters do not match its model's: "
+                f"{list(fit_obj.labels)[:8]} vs {labels[:8]}."
+            )
+    draws = draw_samples(x_hat, cov if samples else None, int(samples), seed=int(seed))
+    return np.concatenate([x_hat[None, :], draws])
+
+
+def _settings_attrs(solver, controller, max_steps) -> dict[str, Any]:
+    """The solve's provenance attributes."""
+    return {
+        "solver": type(solver).__name__,
+        "stepsize_controller": type(controller).__name__,
+        **(
+            {"rtol": float(controller.rtol), "atol": float(controller.atol)}
+            if isinstance(controller, PIDController)
+            else {}
+        ),
+        "max_steps": max_steps,
+    }
 
 
 def forecast(

@@ -70,30 +70,11 @@ def plot_forecast(
             f"Not an epifit forecast (epifit_kind = {ds.attrs.get('epifit_kind')!r}); "
             "write one with `epifit forecast` or epifit.forecasting.forecast."
         )
-    available = json.loads(ds.attrs.get("series", "[]"))
-    observed = json.loads(ds.attrs.get("observations", "[]"))
-    if series is None:
-        series = [s for s in observed if s in available] or available
-    unknown = [s for s in series if s not in available]
-    if unknown:
-        raise ValueError(
-            f"Unknown series {unknown}; the forecast has {', '.join(available)}"
-        )
+    series = _series(ds, series)
     labels = [str(p) for p in ds[PATCH].values]
-    patches = list(patches or [])
-    bad = [p for p in patches if p not in labels]
-    if bad:
-        shown = labels if len(labels) <= 20 else labels[:20] + ["..."]
-        raise ValueError(
-            f"Unknown patch(es) {bad}; the forecast has {len(labels)} patches: "
-            f"{', '.join(shown)}"
-        )
+    patches = _patches(labels, patches)
     areas: list[str | None] = [None] + patches if len(labels) > 1 else [labels[0]]
     scenarios = [str(s) for s in ds[SCENARIO].values]
-    levels = np.asarray(ds[QUANTILE].values, float)
-    pairs, mid = _bands(levels)
-    t = ds[TIME].values
-    start = int(ds.attrs.get("forecast_start_day", len(t)))
     rows = [(s, a) for s in series for a in areas]
     ncols = len(scenarios)
     fig = Figure(
@@ -102,49 +83,10 @@ def plot_forecast(
     FigureCanvasAgg(fig)
     axes = fig.subplots(len(rows), ncols, squeeze=False, sharex=True, sharey="row")
     for r, (s, area) in enumerate(rows):
-        if area is None:
-            q = ds[f"{s}_total"]
-            obs = ds.get(f"observed_{s}")
-            obs = None if obs is None else obs.sum(PATCH, min_count=1)
-            where = TOTAL
-        else:
-            q = ds[s].sel({PATCH: area})
-            obs = ds.get(f"observed_{s}")
-            obs = None if obs is None else obs.sel({PATCH: area})
-            where = area
         for c, name in enumerate(scenarios):
-            ax = axes[r, c]
-            qs = np.asarray(q.sel({SCENARIO: name}).values, float)
-            for k, (lo, hi) in enumerate(pairs):
-                ax.fill_between(
-                    t,
-                    qs[lo],
-                    qs[hi],
-                    color="C0",
-                    alpha=0.18 + 0.22 * k / max(len(pairs), 1),
-                    lw=0,
-                    label=f"{100 * (levels[hi] - levels[lo]):g}% interval",
-                )
-            if mid is not None:
-                ax.plot(t, qs[mid], "-", color="C0", lw=1.5, label="median")
-            else:
-                est = ds[f"estimate_{s}"].sel({SCENARIO: name})
-                est = (
-                    est.sum(PATCH, min_count=1)
-                    if area is None
-                    else est.sel({PATCH: area})
-                )
-                ax.plot(t, est.values, "-", color="C0", lw=1.5, label="estimate")
-            if obs is not None:
-                ax.plot(t, obs.values, "o", ms=2.5, color="0.15", label="observed")
-            if start < len(t):
-                ax.axvline(t[start], color="0.4", ls="--", lw=1, label="forecast start")
-            ax.set_title(f"{name}: {s} — {where}", fontsize=9)
-            ax.tick_params(labelsize=7)
-            for label in ax.get_xticklabels():
-                label.set_rotation(30)
+            _panel(axes[r, c], ds, s, area, name)
             if r == 0 and c == 0:
-                ax.legend(fontsize=6.5, frameon=False, loc="upper left")
+                axes[r, c].legend(fontsize=6.5, frameon=False, loc="upper left")
     samples = ds.attrs.get("samples", 0)
     fig.suptitle(
         f"{ds.attrs.get('model', '')} forecast: {samples} parameter draws, "
@@ -159,3 +101,74 @@ def plot_forecast(
             )
         fig.savefig(out, dpi=110)
     return fig
+
+
+def _series(ds: xr.Dataset, series: Sequence[str] | None) -> Sequence[str]:
+    """The series to draw: those asked for (checked), else the observed
+    series, else all."""
+    available = json.loads(ds.attrs.get("series", "[]"))
+    observed = json.loads(ds.attrs.get("observations", "[]"))
+    if series is None:
+        series = [s for s in observed if s in available] or available
+    unknown = [s for s in series if s not in available]
+    if unknown:
+        raise ValueError(
+            f"Unknown series {unknown}; the forecast has {', '.join(available)}"
+        )
+    return series
+
+
+def _patches(labels: list[str], patches: Sequence[str] | None) -> list[str]:
+    """The patches to draw besides the total, checked against `labels`."""
+    patches = list(patches or [])
+    bad = [p for p in patches if p not in labels]
+    if bad:
+        shown = labels if len(labels) <= 20 else labels[:20] + ["..."]
+        raise ValueError(
+            f"Unknown patch(es) {bad}; the forecast has {len(labels)} patches: "
+            f"{', '.join(shown)}"
+        )
+    return patches
+
+
+def _panel(ax, ds: xr.Dataset, s: str, area: str | None, name: str) -> None:
+    """One fan chart: series `s` of scenario `name` in patch `area` (`None`:
+    all patches together)."""
+    levels = np.asarray(ds[QUANTILE].values, float)
+    pairs, mid = _bands(levels)
+    t = ds[TIME].values
+    start = int(ds.attrs.get("forecast_start_day", len(t)))
+    obs = ds.get(f"observed_{s}")
+    if area is None:
+        q = ds[f"{s}_total"]
+        obs = None if obs is None else obs.sum(PATCH, min_count=1)
+        where = TOTAL
+    else:
+        q = ds[s].sel({PATCH: area})
+        obs = None if obs is None else obs.sel({PATCH: area})
+        where = area
+    qs = np.asarray(q.sel({SCENARIO: name}).values, float)
+    for k, (lo, hi) in enumerate(pairs):
+        ax.fill_between(
+            t,
+            qs[lo],
+            qs[hi],
+            color="C0",
+            alpha=0.18 + 0.22 * k / max(len(pairs), 1),
+            lw=0,
+            label=f"{100 * (levels[hi] - levels[lo]):g}% interval",
+        )
+    if mid is not None:
+        ax.plot(t, qs[mid], "-", color="C0", lw=1.5, label="median")
+    else:
+        est = ds[f"estimate_{s}"].sel({SCENARIO: name})
+        est = est.sum(PATCH, min_count=1) if area is None else est.sel({PATCH: area})
+        ax.plot(t, est.values, "-", color="C0", lw=1.5, label="estimate")
+    if obs is not None:
+        ax.plot(t, obs.values, "o", ms=2.5, color="0.15", label="observed")
+    if start < len(t):
+        ax.axvline(t[start], color="0.4", ls="--", lw=1, label="forecast start")
+    ax.set_title(f"{name}: {s} — {where}", fontsize=9)
+    ax.tick_params(labelsize=7)
+    for label in ax.get_xticklabels():
+        label.set_rotation(30)

@@ -43,126 +43,146 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
-import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from epifit._errors import LocatedError, describe_type
+from epifit._errors import describe_type
 from epifit._toml import Reader, at, join
+from epifit.forecasting._change import (
+    TABLE_FIELDS,
+    AbstractChange,
+    ParameterChange,
+    TransmissionChange,
+)
+from epifit.forecasting._covariate import CovariateChange
+from epifit.forecasting._error import ScenarioError
+from epifit.forecasting._horizon import Day, parse_date
 
 __all__ = [
     "BASELINE",
     "Change",
     "Scenario",
-    "ScenarioError",
     "ScenarioSet",
     "ScenariosLike",
     "as_scenarios",
     "load_scenarios",
+    "make_change",
     "parse_scenarios",
 ]
 
 BASELINE = "baseline"
 SCENARIO_FIELDS = ("description", "changes")
-TARGETS = ("covariate", "parameter", "transmission")
-CHANGE_FIELDS = (
-    *TARGETS,
-    "scale",
-    "value",
-    "start",
-    "end",
-    "patches",
-    "features",
-    "inflow",
-    "outflow",
-)
-
-Day = int | _dt.date | str | None
+KINDS: dict[str, type[AbstractChange]] = {
+    "covariate": CovariateChange,
+    "parameter": ParameterChange,
+    "transmission": TransmissionChange,
+}
+"""The target fields of a change's table and the kind of change each makes."""
+COVARIATE_ONLY = ("features", "inflow", "outflow")
 
 
-class ScenarioError(LocatedError):
-    """An invalid scenario (file, dict or Python object), or one that does not
-    fit the model, the data or the horizon.
+def _fail(file: str | None, location: str | None, reason: str) -> ScenarioError:
+    return ScenarioError(reason, file=file, location=location)
 
-    `file` is `None` for scenarios built in Python; `location` is a field path
-    such as `scenarios.lockdown.changes[0].start`.
+
+# --------------------------------------------------------------------- changes
+def make_change(
+    fields: Mapping[str, Any], file: str | None = None, loc: str | None = None
+) -> AbstractChange:
+    """The change that `fields` (a change's TOML table, or [`Change`][]'s
+    arguments) describe: its one target picks the final class. The rest is
+    checked where the change's place is known ([`check_scenario`][]).
+
+    Raises:
+        ScenarioError: no target or several, a `transmission` that is not a
+            boolean, or covariate fields for another target (at `loc`).
     """
+    given = [t for t in KINDS if fields.get(t) not in (None, False)]
+    if len(given) != 1:
+        raise _fail(
+            file,
+            loc,
+            "give exactly one target: covariate = NAME, parameter = NAME or "
+            f"transmission = true; got {join(given) if given else 'none'}",
+        )
+    (target,) = given
+    if target == "transmission" and not isinstance(fields[target], bool):
+        raise _fail(
+            file,
+            at(loc, "transmission"),
+            f"expected true or false, got {describe_type(fields[target])}",
+        )
+    cls = KINDS[target]
+    change = cls(
+        **{k: fields[k] for k in cls.table_fields if fields.get(k) is not None}
+    )
+    for name in COVARIATE_ONLY:
+        if name not in cls.table_fields and fields.get(name) is not None:
+            raise _fail(
+                file,
+                at(loc, name),
+                f"'{name}' applies to covariates only; this change targets "
+                f"{change.target}",
+            )
+    return change
 
 
-@dataclasses.dataclass(frozen=True)
-class Change:
-    """One modification of a scenario. Give exactly one target (`covariate`,
-    `parameter` or `transmission=True`) and exactly one of `scale` (a factor
-    >= 0) or `value` (a replacement).
+def Change(
+    covariate: str | None = None,
+    parameter: str | None = None,
+    transmission: bool = False,
+    scale: float | None = None,
+    value: float | None = None,
+    start: Day = None,
+    end: Day = None,
+    patches: Sequence[str] | None = None,
+    features: Sequence[int | str] | None = None,
+    inflow: Sequence[str] | None = None,
+    outflow: Sequence[str] | None = None,
+) -> AbstractChange:
+    """One modification of a scenario, as a [`CovariateChange`][],
+    [`ParameterChange`][] or [`TransmissionChange`][] by its target: give
+    exactly one target (`covariate`, `parameter` or `transmission=True`) and
+    exactly one of `scale` (a factor >= 0) or `value` (a replacement).
 
-    Attributes:
+    Args:
         covariate: a time-varying covariate of the model, e.g. `"mobility"`.
         parameter: a model parameter, e.g. `"beta"` (constrained scale).
         transmission: change the transmission rate of every infection.
-        scale: multiply by this factor (>= 0).
-        value: replace by this value.
-        start: the first day it applies: a day number (day 0 is the first day
-            of the data), a `datetime.date` or an ISO date string; default the
-            first forecast day.
-        end: the first day it no longer applies (default: the end of the
-            horizon).
-        patches: patch labels (covariates with a patch axis, per-patch
-            parameters, transmission); default all.
-        features: feature indices (or labels) of a covariate with a feature
-            axis; default all.
-        inflow: patch labels whose coupling *rows* change (the pressure of
-            infection reaching them from elsewhere).
-        outflow: patch labels whose coupling *columns* change (what their
-            infectious add elsewhere). With both, the entries in either change.
-            A `value` for a coupling replaces the weights of existing links
-            (entries non-zero on some day of the data) and creates none.
+        scale, value, start, end, patches: see [`AbstractChange`][].
+        features, inflow, outflow: see [`CovariateChange`][].
+
+    Raises:
+        ScenarioError: no target or several, or covariate fields for another
+            target; the other fields are checked by the scenario.
+
+    Examples:
+        >>> from epifit.forecasting import Change
+        >>> Change(covariate="mobility", scale=0.7).target
+        "covariate 'mobility'"
     """
-
-    covariate: str | None = None
-    parameter: str | None = None
-    transmission: bool = False
-    scale: float | None = None
-    value: float | None = None
-    start: Day = None
-    end: Day = None
-    patches: tuple[str, ...] | None = None
-    features: tuple[int | str, ...] | None = None
-    inflow: tuple[str, ...] | None = None
-    outflow: tuple[str, ...] | None = None
-
-    def __post_init__(self):
-        for name in ("patches", "features", "inflow", "outflow"):
-            v = getattr(self, name)
-            if isinstance(v, list):
-                object.__setattr__(self, name, tuple(v))
-
-    @property
-    def target(self) -> str:
-        """`covariate 'mobility'`, `parameter 'beta'` or `transmission`."""
-        if self.covariate is not None:
-            return f"covariate {self.covariate!r}"
-        if self.parameter is not None:
-            return f"parameter {self.parameter!r}"
-        return "transmission"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The TOML-shaped table (fields left at their default omitted)."""
-        out: dict[str, Any] = {}
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if v is None or (f.name == "transmission" and not v):
-                continue
-            if isinstance(v, _dt.date):
-                v = v.isoformat()
-            out[f.name] = list(v) if isinstance(v, tuple) else v
-        return out
+    return make_change(
+        dict(
+            covariate=covariate,
+            parameter=parameter,
+            transmission=transmission,
+            scale=scale,
+            value=value,
+            start=start,
+            end=end,
+            patches=patches,
+            features=features,
+            inflow=inflow,
+            outflow=outflow,
+        )
+    )
 
 
 @dataclasses.dataclass(frozen=True)
 class Scenario:
-    """A named list of [`Change`][]s.
+    """A named list of changes ([`AbstractChange`][]s, made by [`Change`][]).
 
     Examples:
         >>> from epifit.forecasting import Change, Scenario
@@ -172,7 +192,7 @@ class Scenario:
     """
 
     name: str
-    changes: tuple[Change, ...] = ()
+    changes: tuple[AbstractChange, ...] = ()
     description: str = ""
 
     def __post_init__(self):
@@ -243,10 +263,6 @@ class ScenarioSet:
 
 
 # ----------------------------------------------------------------- validation
-def _fail(file: str | None, location: str, reason: str) -> ScenarioError:
-    return ScenarioError(reason, file=file, location=location)
-
-
 def check_scenario(s: Scenario, file: str | None) -> None:
     """Check a scenario's structure (not yet against a model): one target and
     one of scale/value per change, fields that suit the target."""
@@ -272,110 +288,9 @@ def check_scenario(s: Scenario, file: str | None) -> None:
         )
     for i, c in enumerate(s.changes):
         loc = f"{base}.changes[{i}]"
-        if not isinstance(c, Change):
+        if not isinstance(c, AbstractChange):
             raise _fail(file, loc, f"expected a Change, got {describe_type(c)}")
-        _check_change(c, file, loc)
-
-
-def _check_change(c: Change, file: str | None, loc: str) -> None:
-    given = [t for t in TARGETS if getattr(c, t) not in (None, False)]
-    if len(given) != 1:
-        raise _fail(
-            file,
-            loc,
-            "give exactly one target: covariate = NAME, parameter = NAME or "
-            f"transmission = true; got {join(given) if given else 'none'}",
-        )
-    for name in ("covariate", "parameter"):
-        v = getattr(c, name)
-        if v is not None and (not isinstance(v, str) or not v):
-            raise _fail(file, at(loc, name), f"expected a name, got {describe_type(v)}")
-    if not isinstance(c.transmission, bool):
-        raise _fail(
-            file,
-            at(loc, "transmission"),
-            f"expected true or false, got {describe_type(c.transmission)}",
-        )
-    if (c.scale is None) == (c.value is None):
-        raise _fail(
-            file,
-            loc,
-            "give exactly one of scale (a factor) or value (a replacement)"
-            + ("; got both" if c.scale is not None else ""),
-        )
-    for name in ("scale", "value"):
-        v = getattr(c, name)
-        if v is None:
-            continue
-        if (
-            isinstance(v, bool)
-            or not isinstance(v, int | float)
-            or not math.isfinite(v)
-        ):
-            raise _fail(
-                file, at(loc, name), f"expected a finite number, got {describe_type(v)}"
-            )
-    if c.scale is not None and c.scale < 0:
-        raise _fail(file, at(loc, "scale"), f"must be >= 0, got {c.scale}")
-    for name in ("start", "end"):
-        v = getattr(c, name)
-        if v is None or isinstance(v, _dt.date):
-            continue
-        if isinstance(v, bool) or not isinstance(v, int | str):
-            raise _fail(
-                file,
-                at(loc, name),
-                f"expected a day number or a date, got {describe_type(v)}",
-            )
-        if isinstance(v, int) and v < 0:
-            raise _fail(
-                file,
-                at(loc, name),
-                f"a day number must be >= 0 (day 0 is the first day of the data), "
-                f"got {v}",
-            )
-        if isinstance(v, str):
-            parse_date(v, file, at(loc, name))
-    for name in ("patches", "inflow", "outflow", "features"):
-        v = getattr(c, name)
-        if v is None:
-            continue
-        if not isinstance(v, tuple) or not v:
-            raise _fail(
-                file,
-                at(loc, name),
-                f"expected a non-empty list, got {describe_type(v)}",
-            )
-        kinds = (int, str) if name == "features" else (str,)
-        for k, item in enumerate(v):
-            if isinstance(item, bool) or not isinstance(item, kinds):
-                want = "a feature index or label" if name == "features" else "a label"
-                raise _fail(
-                    file,
-                    f"{loc}.{name}[{k}]",
-                    f"expected {want}, got {describe_type(item)}",
-                )
-        dup = sorted({str(x) for x in v if v.count(x) > 1})
-        if dup:
-            raise _fail(file, at(loc, name), f"listed twice: {join(dup)}")
-    if c.covariate is None:
-        for name in ("features", "inflow", "outflow"):
-            if getattr(c, name) is not None:
-                raise _fail(
-                    file,
-                    at(loc, name),
-                    f"'{name}' applies to covariates only; this change targets "
-                    f"{c.target}",
-                )
-
-
-def parse_date(text: str, file: str | None, location: str) -> _dt.date:
-    try:
-        return _dt.date.fromisoformat(text.strip())
-    except ValueError:
-        raise _fail(
-            file, location, f"cannot read {text!r} as a date; write YYYY-MM-DD"
-        ) from None
+        c.check(file, loc)
 
 
 # --------------------------------------------------------------------- parsing
@@ -418,33 +333,36 @@ def parse_scenarios(data: Mapping[str, Any], *, file: str | None = None) -> Scen
             if "changes" in s
             else []
         )
-        changes = []
-        for i, ch in enumerate(raw_changes):
-            cloc = f"{loc}.changes[{i}]"
-            c = r.table(ch, cloc, optional=CHANGE_FIELDS)
-            kw: dict[str, Any] = {}
-            for key in ("covariate", "parameter"):
-                if key in c:
-                    kw[key] = r.string(c[key], at(cloc, key))
-            if "transmission" in c:
-                kw["transmission"] = r.boolean(
-                    c["transmission"], at(cloc, "transmission")
-                )
-            for key in ("scale", "value"):
-                if key in c:
-                    kw[key] = r.number(c[key], at(cloc, key))
-            for key in ("start", "end"):
-                if key in c:
-                    kw[key] = _day(r, c[key], at(cloc, key))
-            for key in ("patches", "inflow", "outflow", "features"):
-                if key in c:
-                    kw[key] = tuple(r.array(c[key], at(cloc, key)))
-            changes.append(Change(**kw))
+        changes = [
+            _read_change(r, ch, f"{loc}.changes[{i}]")
+            for i, ch in enumerate(raw_changes)
+        ]
         try:
             out.append(Scenario(str(name), tuple(changes), desc))
         except ScenarioError as e:
             raise ScenarioError(e.reason, file=file, location=e.location) from None
     return ScenarioSet(tuple(out), days=days, source=file)
+
+
+def _read_change(r: _Reader, table: Any, loc: str) -> AbstractChange:
+    """The change of the TOML table at `loc`, its fields read by type."""
+    c = r.table(table, loc, optional=TABLE_FIELDS)
+    kw: dict[str, Any] = {}
+    for key in ("covariate", "parameter"):
+        if key in c:
+            kw[key] = r.string(c[key], at(loc, key))
+    if "transmission" in c:
+        kw["transmission"] = r.boolean(c["transmission"], at(loc, "transmission"))
+    for key in ("scale", "value"):
+        if key in c:
+            kw[key] = r.number(c[key], at(loc, key))
+    for key in ("start", "end"):
+        if key in c:
+            kw[key] = _day(r, c[key], at(loc, key))
+    for key in ("patches", "inflow", "outflow", "features"):
+        if key in c:
+            kw[key] = tuple(r.array(c[key], at(loc, key)))
+    return make_change(kw, r.file, loc)
 
 
 def _day(r: _Reader, v: Any, location: str) -> Day:
