@@ -31,7 +31,6 @@ from epifit.forecasting._summary import first_row, summarize
 from epifit.ode import (
     AbstractSolver,
     AbstractStepSizeController,
-    ConstantStepSize,
     PIDController,
 )
 from epifit.simulation import SOLVERS, Problem, SolverSettings
@@ -115,8 +114,6 @@ def _solver_settings(
         rtol=rtol,
         atol=atol,
         max_steps=max_steps,
-        # a constant step is the controller's own; SolverSettings asks for it
-        dt0=controller.dt0 if isinstance(controller, ConstantStepSize) else None,
     )
 
 
