@@ -48,14 +48,14 @@ class CompiledModel(eqx.Module):
 
     Examples:
         >>> import jax.numpy as jnp
-        >>> from epifit.model import ModelBuilder
+        >>> from epifit.model import ModelBuilder, compile_model
         >>> b = ModelBuilder("sir")
         >>> b = b.compartment("S").compartment("I").compartment("R")
         >>> b = b.parameter("beta", 0.3, transform="softplus")
         >>> b = b.parameter("gamma", 0.1, transform="softplus")
         >>> b = b.infection("S", "I", transmission="beta", infectious=["I"])
         >>> b = b.transition("I", "R", rate="gamma")
-        >>> model = b.build().compile()
+        >>> model = compile_model(b.build())
         >>> params = model.init_params(2)
         >>> args, inputs = model.precompute(params, {})
         >>> y = {"S": jnp.full((1, 2), 0.9), "I": jnp.full((1, 2), 0.1),
