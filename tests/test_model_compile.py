@@ -29,7 +29,7 @@ def _jacobian(model, args, u, y):
 
 
 def test_sir_matches_hand_written_rhs():
-    model = load_model(MODELS / "sir.toml").compile()
+    model = compile_model(load_model(MODELS / "sir.toml"))
     params = model.init_params(1)
     v = model.constrain(params)
     args, inputs = model.precompute(params, {})
@@ -46,7 +46,7 @@ def test_sir_matches_hand_written_rhs():
 
 
 def test_sir_initial_state_and_observation():
-    model = load_model(MODELS / "sir.toml").compile()
+    model = compile_model(load_model(MODELS / "sir.toml"))
     params = model.init_params(1)
     y0 = model.initial_state(params, None, 1)
     np.testing.assert_allclose(y0["S"], [[762.0]], rtol=1e-14)
@@ -68,7 +68,7 @@ def test_box_car_mean_residence_time(rate_per, mean):
         .transition("A", "B", rate="r", rate_per=rate_per)
         .build()
     )
-    model = spec.compile()
+    model = compile_model(spec)
     args, u = model.precompute(model.init_params(1), {})
     y = {"A": jnp.zeros((6, 1)), "B": jnp.zeros((1, 1))}
     jac, _ = _jacobian(model, args, u, y)
@@ -117,7 +117,7 @@ def test_branching_ends_in_the_right_proportions(form):
         }
         expected = 0.1 / (0.1 + 0.7)
     data["transitions"].append(split)
-    model = loads_model(to_toml(data)).compile()
+    model = compile_model(loads_model(to_toml(data)))
     args, u = model.precompute(model.init_params(1), {})
     y = {c: jnp.zeros((n, 1)) for c, (n, _) in model.state_shapes(1).items()}
     y["E"] = jnp.ones((1, 1))
@@ -162,7 +162,7 @@ def _coupled_model(symmetrize, multiplier, local, static, normalize):
         normalize="population" if normalize else None,
         population="N" if normalize else None,
     )
-    return b.build().compile()
+    return compile_model(b.build())
 
 
 @pytest.mark.parametrize("symmetrize", [False, True])
@@ -204,7 +204,7 @@ def test_coupling_matches_numpy(symmetrize, static, multiplier, local, normalize
 
 @pytest.mark.parametrize(("rule", "offset"), [("floor", 0.0), ("nearest", -0.5)])
 def test_day_grid_follows_the_rule(rule, offset):
-    model = (
+    model = compile_model(
         ModelBuilder("g")
         .compartment("S")
         .compartment("I")
@@ -212,7 +212,6 @@ def test_day_grid_follows_the_rule(rule, offset):
         .parameter("b", 1.0)
         .infection("S", "I", transmission="b * season", infectious=["I"])
         .build()
-        .compile()
     )
     season = np.array([1.0, 2.0, 3.0, 4.0])
     _, inputs = model.precompute(model.init_params(2), {"season": season})
@@ -224,7 +223,7 @@ def test_day_grid_follows_the_rule(rule, offset):
 
 
 def test_neural_with_time_input_is_evaluated_per_day_and_patch():
-    model = (
+    model = compile_model(
         ModelBuilder("n")
         .compartment("S")
         .compartment("I")
@@ -240,7 +239,6 @@ def test_neural_with_time_input_is_evaluated_per_day_and_patch():
         )
         .infection("S", "I", transmission="beta", infectious=["I"])
         .build()
-        .compile()
     )
     params = model.init_params(4, key=jax.random.key(3))
     mob = np.random.default_rng(0).uniform(size=(6, 4, 2))
@@ -266,12 +264,11 @@ def test_neural_with_time_input_is_evaluated_per_day_and_patch():
     ],
 )
 def test_transforms_round_trip(transform, bounds, value, closed_form):
-    model = (
+    model = compile_model(
         ModelBuilder("t")
         .compartment("A")
         .parameter("p", value, transform=transform, bounds=bounds)
         .build()
-        .compile()
     )
     params = model.init_params(1)
     np.testing.assert_allclose(closed_form(float(params["p"])), value, rtol=1e-13)
@@ -281,8 +278,8 @@ def test_transforms_round_trip(transform, bounds, value, closed_form):
 
 
 def test_free_mask_partitions_fixed_parameters_and_activations():
-    model = load_model(MODELS / "seird_metapop_mobility.toml").compile()
-    spec_fixed = load_model(MODELS / "sir.toml").compile()
+    model = compile_model(load_model(MODELS / "seird_metapop_mobility.toml"))
+    spec_fixed = compile_model(load_model(MODELS / "sir.toml"))
     mask = spec_fixed.free_mask(spec_fixed.init_params(1))
     assert mask == {"N": False, "beta": True, "gamma": True, "I0": True}
     params = model.init_params(3)
@@ -293,7 +290,7 @@ def test_free_mask_partitions_fixed_parameters_and_activations():
 
 
 def test_gradient_flows_through_precompute_and_vector_field():
-    model = load_model(MODELS / "seird_metapop_mobility.toml").compile()
+    model = compile_model(load_model(MODELS / "seird_metapop_mobility.toml"))
     n, days = 4, 3
     rng = np.random.default_rng(0)
     covs = {
@@ -319,7 +316,7 @@ def test_gradient_flows_through_precompute_and_vector_field():
 
 
 def test_vector_field_keeps_state_dtype_under_jit():
-    model = load_model(MODELS / "seird_boxcar.toml").compile()
+    model = compile_model(load_model(MODELS / "seird_boxcar.toml"))
     args, u = model.precompute(model.init_params(2), {})
     y = {c: jnp.full(s, 0.1, jnp.float32) for c, s in model.state_shapes(2).items()}
     dy = jax.jit(model.vector_field)(0.0, y, args, u)
@@ -337,7 +334,7 @@ def _random_covariates(model, n, days, rng):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_models_conserve_population(name):
-    model = load_model(MODELS / f"{name}.toml").compile()
+    model = compile_model(load_model(MODELS / f"{name}.toml"))
     rng = np.random.default_rng(0)
     n = 5
     params = model.init_params(n)
@@ -356,7 +353,7 @@ def test_shipped_specs_are_stable_values(name):
     b = load_model(MODELS / f"{name}.toml")
     assert isinstance(a, ModelSpec) and a == b and hash(a) == hash(b)
     assert a.path.endswith(f"{name}.toml")
-    assert compile_model(a) == a.compile()  # static-only modules compare by value
+    assert compile_model(a) == compile_model(b)  # static-only modules compare by value
 
 
 def test_sir_builder_equals_toml():
@@ -403,7 +400,7 @@ def test_builder_round_trips_through_toml_text():
 
 
 def test_observe_incidence_sign_and_ascertainment():
-    model = (
+    model = compile_model(
         ModelBuilder("o")
         .compartment("S")
         .compartment("I", stages=2)
@@ -411,7 +408,6 @@ def test_observe_incidence_sign_and_ascertainment():
         .observation("new", "incidence", ["S"], sign=-1, ascertainment="rho")
         .observation("prev", "prevalence", ["S", "I"])
         .build()
-        .compile()
     )
     s = jnp.array(
         [[[10.0, 20.0]], [[7.0, 12.0]], [[3.0, 11.0]]]
@@ -427,7 +423,7 @@ def test_observe_incidence_sign_and_ascertainment():
 
 
 def test_precompute_and_initial_state_under_jit():
-    model = load_model(MODELS / "seird_metapop_mobility.toml").compile()
+    model = compile_model(load_model(MODELS / "seird_metapop_mobility.toml"))
     rng = np.random.default_rng(0)
     covs = _random_covariates(model, 3, 5, rng)
     params = model.init_params(3)

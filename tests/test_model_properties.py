@@ -12,7 +12,7 @@ import numpy as np
 from helpers import MODELS, builder_from_dict, to_toml
 from hypothesis import HealthCheck, event, given, settings
 
-from epifit.model import ModelSpecError, loads_model
+from epifit.model import ModelSpecError, compile_model, loads_model
 
 FILE = "generated.toml"
 SETTINGS = settings(
@@ -208,8 +208,8 @@ def test_generated_models_conserve_and_front_doors_agree(model_and_patches, seed
     from_builder = builder_from_dict(data).build()
     assert from_toml == from_builder
 
-    y, dy, params = evaluate(from_toml.compile(), n_patches, seed)
-    _, dy_b, _ = evaluate(from_builder.compile(), n_patches, seed)
+    y, dy, params = evaluate(compile_model(from_toml), n_patches, seed)
+    _, dy_b, _ = evaluate(compile_model(from_builder), n_patches, seed)
     assert jtu.tree_structure(dy) == jtu.tree_structure(y)
     for name in y:
         assert dy[name].shape == y[name].shape and dy[name].dtype == y[name].dtype
@@ -446,7 +446,7 @@ def test_random_edits_never_raise_anything_else(data, draw):
     event("accepted")
     # what loads also compiles and evaluates (or fails with a located error)
     try:
-        evaluate(spec.compile(), 2, 0)
+        evaluate(compile_model(spec), 2, 0)
     except ModelSpecError as err:
         assert err.location
 

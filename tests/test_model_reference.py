@@ -14,7 +14,7 @@ from helpers import (
     state_to_reference,
 )
 
-from epifit.model import load_model
+from epifit.model import compile_model, load_model
 
 N_PATCHES, N_DAYS = 20, 30
 # float64 throughout; the two implementations differ only in the order of
@@ -29,7 +29,7 @@ def problem(seed_metapop):
 
 @pytest.fixture(scope="module")
 def model():
-    return load_model(MODELS / "seird_metapop_mobility.toml").compile()
+    return compile_model(load_model(MODELS / "seird_metapop_mobility.toml"))
 
 
 @pytest.fixture(scope="module")

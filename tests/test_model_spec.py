@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 from helpers import MODELS, to_toml
 
-from epifit.model import ModelBuilder, ModelSpecError, load_model, loads_model
+from epifit.model import (
+    ModelBuilder,
+    ModelSpecError,
+    compile_model,
+    load_model,
+    loads_model,
+)
 
 FILE = "models/x.toml"
 
@@ -331,7 +337,7 @@ def test_initial_errors():
 
 
 def test_covariate_shape_mismatch_at_precompute():
-    model = load(METAPOP).compile()
+    model = compile_model(load(METAPOP))
     params = model.init_params(3)
     good = {"mobility": np.ones((5, 3, 2)), "travel": np.ones((5, 3, 3))}
     model.precompute(params, good)
@@ -349,14 +355,14 @@ def test_covariate_shape_mismatch_at_precompute():
 
 def test_per_patch_value_count_checked_at_init():
     spec = load(METAPOP, parameters__scale__value=[1.0, 2.0])
-    assert spec.compile().init_params(2)["scale"].shape == (2,)
+    assert compile_model(spec).init_params(2)["scale"].shape == (2,)
     with raises(r"parameters\.scale\.value: has 2 per-patch values but n_patches = 3"):
-        spec.compile().init_params(3)
+        compile_model(spec).init_params(3)
 
 
 def test_initial_state_data_errors():
     spec = load(initial={"S": {"data": "s0"}, "I": {"data": "i0"}})
-    model = spec.compile()
+    model = compile_model(spec)
     params = model.init_params(2)
     with raises(r"initial\.S: no data variable 's0'; found: i0"):
         model.initial_state(params, {"i0": np.ones(2)}, 2)

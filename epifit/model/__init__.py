@@ -4,6 +4,9 @@ See `docs/models.md` for the TOML format.
 """
 
 from epifit.model._builders import ModelBuilder as ModelBuilder
+from epifit.model._compiled import CompiledModel as CompiledModel
+from epifit.model._compiled import as_model as as_model
+from epifit.model._compiled import compile_model as compile_model
 from epifit.model._coupling import SparseCoupling as SparseCoupling
 from epifit.model._coupling import sparse_coupling as sparse_coupling
 from epifit.model._errors import ModelSpecError as ModelSpecError
@@ -32,6 +35,3 @@ from epifit.model._transform import default_bounds as default_bounds
 from epifit.model._transform import unconstrain as unconstrain
 from epifit.model._transform import value_error as value_error
 from epifit.model._validate import spec_from_dict as spec_from_dict
-from epifit.model._vector_field import CompiledModel as CompiledModel
-from epifit.model._vector_field import as_model as as_model
-from epifit.model._vector_field import compile_model as compile_model

@@ -15,12 +15,12 @@ class SparseCoupling(eqx.Module):
     `values[..., p, k]` on columns `columns[p, k]`.
 
     Mobility and commuting matrices are sparse (each patch exchanges with a
-    few neighbours): a 280-patch k-nearest-neighbour matrix with 10 neighbours
-    has 4% non-zeros, so the coupling product of every vector-field evaluation
-    costs 25 times less than the dense one, and a 2000-patch, 120-day covariate
-    takes 10 MB instead of 2 GB. The sparsity pattern is the union over days;
-    padding entries have weight 0. `values` keeps the time axis of the dense
-    covariate (if any) first.
+    few neighbours): with `k` entries per row, the coupling product of every
+    vector-field evaluation costs `O(patch·k)` instead of `O(patch²)`, and a
+    time-varying covariate holds `time·patch·k` weights instead of
+    `time·patch²` (worked sizes: `epifit/model/README.md`). The sparsity
+    pattern is the union over days; padding entries have weight 0. `values`
+    keeps the time axis of the dense covariate (if any) first.
     """
 
     values: Float[Array, "*time patch k"]

@@ -143,6 +143,26 @@ def parse_expression(
     def fail(reason: str) -> ModelSpecError:
         return ModelSpecError(reason, file=file, location=location)
 
+    text = _source_text(text, fail)
+    try:
+        module = ast.parse(text.strip(), mode="eval")
+    except SyntaxError as e:
+        col = f" at column {e.offset}" if e.offset else ""
+        raise fail(
+            f"invalid expression {text!r}: syntax error{col} ({e.msg})"
+        ) from None
+    except (ValueError, RecursionError, MemoryError) as e:
+        raise fail(f"invalid expression {text!r}: {e}") from None
+    walker = _Walker(text, fail)
+    try:
+        tree = walker.walk(module.body, 0)
+    except RecursionError:
+        raise fail(f"expression {text!r} is nested too deeply") from None
+    return Expression(tree=tree, source=walker.source, names=frozenset(walker.names))
+
+
+def _source_text(text: Any, fail: Callable[[str], ModelSpecError]) -> str:
+    """The text of an expression given as a string or a finite number."""
     if isinstance(text, bool) or not isinstance(text, str | int | float):
         raise fail(
             f"expected an expression (a string or a number), got "
@@ -156,89 +176,93 @@ def parse_expression(
         raise fail(f"expression is longer than {MAX_LENGTH} characters")
     if not text.strip():
         raise fail("empty expression")
-    try:
-        module = ast.parse(text.strip(), mode="eval")
-    except SyntaxError as e:
-        col = f" at column {e.offset}" if e.offset else ""
-        raise fail(
-            f"invalid expression {text!r}: syntax error{col} ({e.msg})"
-        ) from None
-    except (ValueError, RecursionError, MemoryError) as e:
-        raise fail(f"invalid expression {text!r}: {e}") from None
-    names: set[str] = set()
-    source = text.strip()
+    return text
 
-    def token(node: ast.AST) -> str:
-        segment = ast.get_source_segment(source, node)
+
+class _Walker:
+    """Checks a parsed `ast` against the whitelist and converts it to the tuple
+    tree of an [`Expression`][], collecting the names it reads."""
+
+    def __init__(self, text: str, fail: Callable[[str], ModelSpecError]):
+        self.text = text
+        self.source = text.strip()
+        self.fail = fail
+        self.names: set[str] = set()
+
+    def token(self, node: ast.AST) -> str:
+        segment = ast.get_source_segment(self.source, node)
         return segment if segment is not None else type(node).__name__
 
-    def walk(node: ast.AST, depth: int) -> tuple:
+    def walk(self, node: ast.AST, depth: int) -> tuple:
+        text, fail = self.text, self.fail
         if depth > MAX_DEPTH:
             raise fail(f"expression {text!r} is nested more than {MAX_DEPTH} deep")
         if isinstance(node, ast.Constant):
-            value = node.value
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise fail(
-                    f"invalid expression {text!r}: {token(node)!r} is not allowed; "
-                    f"allowed: {ALLOWED}"
-                )
-            try:
-                number = float(value)
-            except OverflowError:
-                raise fail(f"number {token(node)!r} is too large") from None
-            if not math.isfinite(number):
-                raise fail(f"number {token(node)!r} is not finite")
-            return ("num", number)
+            return self.constant(node)
         if isinstance(node, ast.Name):
             if node.id in FUNCTIONS:
                 raise fail(
                     f"invalid expression {text!r}: function {node.id!r} must be "
                     f"called, e.g. {node.id}(x)"
                 )
-            names.add(node.id)
+            self.names.add(node.id)
             return ("name", node.id)
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-            inner = walk(node.operand, depth + 1)
+            inner = self.walk(node.operand, depth + 1)
             return ("neg", inner) if isinstance(node.op, ast.USub) else inner
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             return (
                 _BINARY[type(node.op)],
-                walk(node.left, depth + 1),
-                walk(node.right, depth + 1),
+                self.walk(node.left, depth + 1),
+                self.walk(node.right, depth + 1),
             )
         if isinstance(node, ast.Call):
-            func = node.func
-            if not isinstance(func, ast.Name):
-                raise fail(
-                    f"invalid expression {text!r}: call of {token(func)!r} is not "
-                    f"allowed; allowed functions: {', '.join(FUNCTIONS)}"
-                )
-            if func.id not in FUNCTIONS:
-                raise fail(
-                    f"invalid expression {text!r}: unknown function {func.id!r}; "
-                    f"allowed functions: {', '.join(FUNCTIONS)}"
-                )
-            if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
-                raise fail(
-                    f"invalid expression {text!r}: {token(node)!r}: functions take "
-                    "positional arguments only"
-                )
-            lo, hi, _ = FUNCTIONS[func.id]
-            n = len(node.args)
-            if n < lo or (hi is not None and n > hi):
-                want = str(lo) if hi == lo else f"at least {lo}"
-                raise fail(
-                    f"invalid expression {text!r}: {func.id}() takes {want} "
-                    f"argument(s), got {n}"
-                )
-            return ("call", func.id, tuple(walk(a, depth + 1) for a in node.args))
+            return self.call(node, depth)
         raise fail(
-            f"invalid expression {text!r}: {token(node)!r} "
+            f"invalid expression {text!r}: {self.token(node)!r} "
             f"({type(node).__name__}) is not allowed; allowed: {ALLOWED}"
         )
 
-    try:
-        tree = walk(module.body, 0)
-    except RecursionError:
-        raise fail(f"expression {text!r} is nested too deeply") from None
-    return Expression(tree=tree, source=source, names=frozenset(names))
+    def constant(self, node: ast.Constant) -> tuple:
+        text, fail = self.text, self.fail
+        value = node.value
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise fail(
+                f"invalid expression {text!r}: {self.token(node)!r} is not allowed; "
+                f"allowed: {ALLOWED}"
+            )
+        try:
+            number = float(value)
+        except OverflowError:
+            raise fail(f"number {self.token(node)!r} is too large") from None
+        if not math.isfinite(number):
+            raise fail(f"number {self.token(node)!r} is not finite")
+        return ("num", number)
+
+    def call(self, node: ast.Call, depth: int) -> tuple:
+        text, fail = self.text, self.fail
+        func = node.func
+        if not isinstance(func, ast.Name):
+            raise fail(
+                f"invalid expression {text!r}: call of {self.token(func)!r} is not "
+                f"allowed; allowed functions: {', '.join(FUNCTIONS)}"
+            )
+        if func.id not in FUNCTIONS:
+            raise fail(
+                f"invalid expression {text!r}: unknown function {func.id!r}; "
+                f"allowed functions: {', '.join(FUNCTIONS)}"
+            )
+        if node.keywords or any(isinstance(a, ast.Starred) for a in node.args):
+            raise fail(
+                f"invalid expression {text!r}: {self.token(node)!r}: functions take "
+                "positional arguments only"
+            )
+        lo, hi, _ = FUNCTIONS[func.id]
+        n = len(node.args)
+        if n < lo or (hi is not None and n > hi):
+            want = str(lo) if hi == lo else f"at least {lo}"
+            raise fail(
+                f"invalid expression {text!r}: {func.id}() takes {want} "
+                f"argument(s), got {n}"
+            )
+        return ("call", func.id, tuple(self.walk(a, depth + 1) for a in node.args))

@@ -1,18 +1,16 @@
-"""Predicted observation series from a trajectory (likelihoods live elsewhere)."""
+"""`[[observations]]`: their validation, and the series each predicts from a
+trajectory (the likelihoods live in the data layer)."""
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
+from epifit._schema import PATCH
 from epifit._toml import at, join
 from epifit.model._fields import FAMILIES, KINDS, STATIC_NAMES
+from epifit.model._section import SectionContext
 from epifit.model._spec import ObservationSpec
-
-if TYPE_CHECKING:
-    from epifit.model._validate import Validator
 
 __all__ = ["predict", "read_observations"]
 
@@ -37,13 +35,13 @@ def predict(
     return total
 
 
-def read_observations(v: Validator) -> tuple[ObservationSpec, ...]:
+def read_observations(ctx: SectionContext) -> tuple[ObservationSpec, ...]:
     """`[[observations]]`: data variables, kinds, families and their parameters."""
-    r = v.r
+    r = ctx.r
     out = []
     fields = ("family", "weight", "sign", "dispersion", "ascertainment", "scale")
     names = set()
-    for _, entry, loc in v.listed_tables("observations"):
+    for _, entry, loc in ctx.listed_tables("observations"):
         t = r.table(
             entry, loc, required=("name", "kind", "compartments"), optional=fields
         )
@@ -55,10 +53,10 @@ def read_observations(v: Validator) -> tuple[ObservationSpec, ...]:
         cl = at(loc, "compartments")
         raw = t["compartments"]
         if isinstance(raw, str):
-            comps = (v.compartment(raw, cl),)
+            comps = (ctx.compartment(raw, cl),)
         else:
             comps = tuple(
-                v.compartment(c, at(cl, j)) for j, c in enumerate(r.array(raw, cl))
+                ctx.compartment(c, at(cl, j)) for j, c in enumerate(r.array(raw, cl))
             )
         if len(set(comps)) != len(comps):
             raise r.fail(cl, f"repeated compartment in {list(comps)}")
@@ -79,13 +77,13 @@ def read_observations(v: Validator) -> tuple[ObservationSpec, ...]:
             dispersion = r.string(t["dispersion"], dl)
             if family == "poisson":
                 raise r.fail(dl, "a Poisson likelihood has no dispersion")
-            if v.symbols.get(dispersion, ("",))[0] not in STATIC_NAMES:
-                known = [n for n, s in v.symbols.items() if s[0] in STATIC_NAMES]
+            if ctx.symbols.get(dispersion, ("",))[0] not in STATIC_NAMES:
+                known = [n for n, s in ctx.symbols.items() if s[0] in STATIC_NAMES]
                 raise r.fail(
                     dl,
                     f"unknown parameter {dispersion!r}; known: {join(known)}",
                 )
-            v.used.add(dispersion)
+            ctx.used.add(dispersion)
         elif family == "negative_binomial":
             raise r.fail(
                 at(loc, "dispersion"),
@@ -93,7 +91,7 @@ def read_observations(v: Validator) -> tuple[ObservationSpec, ...]:
             )
         ascertainment = None
         if "ascertainment" in t:
-            ascertainment = v.expression(
+            ascertainment = ctx.expression(
                 t["ascertainment"],
                 at(loc, "ascertainment"),
                 STATIC_NAMES,
@@ -102,16 +100,16 @@ def read_observations(v: Validator) -> tuple[ObservationSpec, ...]:
         scale = None
         if "scale" in t:
             sl = at(loc, "scale")
-            scale = v.expression(
+            scale = ctx.expression(
                 t["scale"], sl, (*STATIC_NAMES, "covariate"), "a scale"
             )
             for n in sorted(scale.names):
-                sym = v.symbols[n]
+                sym = ctx.symbols[n]
                 if sym[0] == "covariate" and sym[2]:
                     raise r.fail(
                         sl,
                         f"covariate {n!r} varies in time; a scale may use parameters "
-                        "and (patch) covariates such as a population only",
+                        f"and ({PATCH}) covariates such as a population only",
                     )
         out.append(
             ObservationSpec(

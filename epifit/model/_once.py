@@ -16,17 +16,14 @@ def computed_once(fn, t, *operands):
     infection read by two compartments (S loses what E gains) is then
     computed twice per evaluation, coupling gather and reduction included.
     Wrapping it in a one-trip `while_loop` whose trip count XLA cannot see
-    (it depends on the run-time time `t`) makes it a buffer of its own.
-    Measured on the reference model (280 patches, float32): one right-hand
-    side 7.8-8.2 us against 9.7-13 us, the forward loss 25.8 against 37.2 ms
-    (interleaved in one process); one extra while-loop per evaluation costs
-    about 1 us. Other backends get `fn(*operands)`.
+    (it depends on the run-time time `t`) makes it a buffer of its own, at
+    the cost of one while-loop per evaluation. Other backends get
+    `fn(*operands)`. (Measurements: `epifit/model/README.md`.)
 
     Differentiable: the JVP is `jax.jvp(fn)`, with no loop (a loop in the
-    primal of a linearisation would run again in every backward step; measured
-    9 ms of a 145 ms reference gradient), so forward and reverse mode work;
-    only an undifferentiated evaluation goes through the loop. A NaN `t` gives
-    a NaN result (the loop then runs no trip).
+    primal of a linearisation would run again in every backward step), so
+    forward and reverse mode work; only an undifferentiated evaluation goes
+    through the loop. A NaN `t` gives a NaN result (the loop then runs no trip).
     """
     if jax.default_backend() != "cpu":
         return fn(*operands)

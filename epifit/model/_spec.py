@@ -9,12 +9,9 @@ TOML format (see `docs/models.md`), except that `from`/`to` are `source`/`target
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
+from epifit._schema import TIME
 from epifit.model._expression import Expression
-
-if TYPE_CHECKING:
-    from epifit.model._vector_field import CompiledModel
 
 __all__ = [
     "BranchSpec",
@@ -163,7 +160,7 @@ class CovariateSpec:
 
     @property
     def time_varying(self) -> bool:
-        return "time" in self.dims
+        return TIME in self.dims
 
 
 @_frozen
@@ -193,7 +190,8 @@ class InitialSpec:
 
 @_frozen
 class ModelSpec:
-    """A complete, validated model. Compare with `==`; compile with `.compile()`.
+    """A complete, validated model. Compare with `==`; compile with
+    [`compile_model`][epifit.model.compile_model].
 
     `path` (the file it came from) does not take part in comparisons.
     """
@@ -211,9 +209,3 @@ class ModelSpec:
     initial: tuple[InitialSpec, ...] = ()
     description: str = ""
     path: str | None = dataclasses.field(default=None, compare=False)
-
-    def compile(self) -> CompiledModel:
-        """Compile; see [`compile_model`][epifit.model.compile_model]."""
-        from epifit.model._vector_field import compile_model
-
-        return compile_model(self)

@@ -2,33 +2,31 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from epifit._toml import at, join
 from epifit.model._expression import Expression
 from epifit.model._fields import RATE_NAMES
+from epifit.model._section import SectionContext
 from epifit.model._spec import BranchSpec, InfectionSpec, InfectiousSpec, TransitionSpec
-
-if TYPE_CHECKING:
-    from epifit.model._validate import Validator
 
 __all__ = ["read_infections", "read_rate", "read_transitions"]
 
 
-def read_rate(v: Validator, value: Any, location: str) -> Expression:
+def read_rate(ctx: SectionContext, value: Any, location: str) -> Expression:
     """A rate expression (may read anything a rate may)."""
-    return v.expression(value, location, RATE_NAMES, "a rate")
+    return ctx.expression(value, location, RATE_NAMES, "a rate")
 
 
-def read_transitions(v: Validator) -> tuple[TransitionSpec, ...]:
+def read_transitions(ctx: SectionContext) -> tuple[TransitionSpec, ...]:
     """`[[transitions]]`: at most one per compartment left; splits via `branches`."""
-    r = v.r
+    r = ctx.r
     out = []
     left_by: dict[str, str] = {}
     fields = ("to", "rate", "rate_per", "branches")
-    for _, entry, loc in v.listed_tables("transitions"):
+    for _, entry, loc in ctx.listed_tables("transitions"):
         t = r.table(entry, loc, required=("from",), optional=fields)
-        source = v.compartment(t["from"], at(loc, "from"))
+        source = ctx.compartment(t["from"], at(loc, "from"))
         if source in left_by:
             raise r.fail(
                 at(loc, "from"),
@@ -37,7 +35,7 @@ def read_transitions(v: Validator) -> tuple[TransitionSpec, ...]:
                 "transition and `branches = [...]`",
             )
         left_by[source] = loc
-        stages = v.stages[source]
+        stages = ctx.stages[source]
         if "rate_per" in t:
             rate_per = r.choice(t["rate_per"], at(loc, "rate_per"), ("stage", "chain"))
         elif stages > 1:
@@ -52,9 +50,9 @@ def read_transitions(v: Validator) -> tuple[TransitionSpec, ...]:
             rate_per = "stage"
         if ("to" in t) == ("branches" in t):
             raise r.fail(loc, "give exactly one of `to` and `branches`")
-        rate = read_rate(v, t["rate"], at(loc, "rate")) if "rate" in t else None
+        rate = read_rate(ctx, t["rate"], at(loc, "rate")) if "rate" in t else None
         if "to" in t:
-            target = v.compartment(t["to"], at(loc, "to"))
+            target = ctx.compartment(t["to"], at(loc, "to"))
             if target == source:
                 raise r.fail(at(loc, "to"), f"{source!r} cannot flow into itself")
             if rate is None:
@@ -62,17 +60,17 @@ def read_transitions(v: Validator) -> tuple[TransitionSpec, ...]:
             branches: tuple[BranchSpec, ...] = (BranchSpec(target),)
         else:
             branches = read_branches(
-                v, t["branches"], at(loc, "branches"), source, rate
+                ctx, t["branches"], at(loc, "branches"), source, rate
             )
         out.append(TransitionSpec(source, rate, rate_per, branches))
     return tuple(out)
 
 
 def read_branches(
-    v: Validator, value: Any, location: str, source: str, rate: Expression | None
+    ctx: SectionContext, value: Any, location: str, source: str, rate: Expression | None
 ) -> tuple[BranchSpec, ...]:
     """Branches split by probabilities (one takes the remainder) or by rates."""
-    r = v.r
+    r = ctx.r
     items = r.array(value, location)
     if len(items) < 2:
         raise r.fail(location, "a split needs at least two branches; use `to`")
@@ -81,7 +79,7 @@ def read_branches(
     for j, entry in enumerate(items):
         loc = at(location, j)
         b = r.table(entry, loc, required=("to",), optional=("rate", "probability"))
-        target = v.compartment(b["to"], at(loc, "to"))
+        target = ctx.compartment(b["to"], at(loc, "to"))
         if target == source:
             raise r.fail(at(loc, "to"), f"{source!r} cannot flow into itself")
         if target in seen:
@@ -101,7 +99,7 @@ def read_branches(
                     "needs its own `rate`",
                 )
             out.append(
-                BranchSpec(target, rate=read_rate(v, b["rate"], at(loc, "rate")))
+                BranchSpec(target, rate=read_rate(ctx, b["rate"], at(loc, "rate")))
             )
         else:
             if "rate" in b:
@@ -112,7 +110,7 @@ def read_branches(
                 )
             prob = None
             if "probability" in b:
-                prob = v.expression(
+                prob = ctx.expression(
                     b["probability"],
                     at(loc, "probability"),
                     RATE_NAMES,
@@ -128,19 +126,19 @@ def read_branches(
     return tuple(out)
 
 
-def read_infections(v: Validator) -> tuple[InfectionSpec, ...]:
+def read_infections(ctx: SectionContext) -> tuple[InfectionSpec, ...]:
     """`[[infections]]` with their infectious stages, normalisation, coupling."""
-    r = v.r
+    r = ctx.r
     out = []
     fields = ("normalize", "population", "coupling")
     required = ("from", "to", "transmission", "infectious")
-    for _, entry, loc in v.listed_tables("infections"):
+    for _, entry, loc in ctx.listed_tables("infections"):
         t = r.table(entry, loc, required=required, optional=fields)
-        source = v.compartment(t["from"], at(loc, "from"))
-        target = v.compartment(t["to"], at(loc, "to"))
+        source = ctx.compartment(t["from"], at(loc, "from"))
+        target = ctx.compartment(t["to"], at(loc, "to"))
         if target == source:
             raise r.fail(at(loc, "to"), f"{source!r} cannot infect into itself")
-        transmission = v.expression(
+        transmission = ctx.expression(
             t["transmission"],
             at(loc, "transmission"),
             RATE_NAMES,
@@ -156,14 +154,14 @@ def read_infections(v: Validator) -> tuple[InfectionSpec, ...]:
             it = r.table(
                 item, jl, required=("compartment",), optional=("stages", "weight")
             )
-            comp = v.compartment(it["compartment"], at(jl, "compartment"))
+            comp = ctx.compartment(it["compartment"], at(jl, "compartment"))
             if comp in seen:
                 raise r.fail(at(jl, "compartment"), f"{comp!r} is listed twice")
             seen.add(comp)
             stages = None
             if "stages" in it:
                 sl = at(jl, "stages")
-                n = v.stages[comp]
+                n = ctx.stages[comp]
                 stages = tuple(
                     r.integer(s, at(sl, k), 1)
                     for k, s in enumerate(r.array(it["stages"], sl))
@@ -179,7 +177,7 @@ def read_infections(v: Validator) -> tuple[InfectionSpec, ...]:
                 stages = tuple(sorted(stages))
             weight = None
             if "weight" in it:
-                weight = v.expression(
+                weight = ctx.expression(
                     it["weight"], at(jl, "weight"), RATE_NAMES, "a weight"
                 )
             infectious.append(InfectiousSpec(comp, stages, weight))
@@ -196,7 +194,7 @@ def read_infections(v: Validator) -> tuple[InfectionSpec, ...]:
                     'missing; normalize = "population" divides the infectious mass '
                     "by `population` (a parameter, expression or covariate)",
                 )
-            population = v.expression(
+            population = ctx.expression(
                 t["population"], at(loc, "population"), RATE_NAMES, "a population"
             )
         elif "population" in t:
@@ -208,10 +206,10 @@ def read_infections(v: Validator) -> tuple[InfectionSpec, ...]:
         if "coupling" in t:
             cl = at(loc, "coupling")
             coupling = r.string(t["coupling"], cl)
-            if coupling not in v.coupling_names:
+            if coupling not in ctx.coupling_names:
                 raise r.fail(
                     cl,
-                    f"unknown coupling {coupling!r}; known: {join(v.coupling_names)}",
+                    f"unknown coupling {coupling!r}; known: {join(ctx.coupling_names)}",
                 )
         out.append(
             InfectionSpec(

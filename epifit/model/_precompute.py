@@ -1,0 +1,160 @@
+"""What a compiled model evaluates once per solve, before integration.
+
+Covariates are checked against their declared dims (`covariate_arrays`); then
+every rate slot of the plan is evaluated: a static slot once into `args`, a
+time-varying one for every day at once (`vmap` over the day axis) into the
+per-day inputs, with the neural sub-models' rates `(time, patch)` and the
+coupling matrices beside them. Cost: one MLP evaluation per (day, patch) and
+one slot evaluation per day, all outside the solver loop; the right-hand side
+then only reads them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, ArrayLike
+
+from epifit._custom_types import Args
+from epifit._schema import FEATURE, PATCH, PATCH_TO, TIME
+from epifit._toml import join
+from epifit.model._coupling import SparseCoupling
+from epifit.model._errors import ModelSpecError
+from epifit.model._neural import neural_rates
+from epifit.model._plan import Plan, Slot
+from epifit.model._spec import ModelSpec
+from epifit.ode import PiecewiseConstant
+
+__all__ = ["args_and_inputs", "covariate_arrays", "day_rule"]
+
+
+def day_rule(spec: ModelSpec) -> str | None:
+    """The day lookup rule of the time-varying covariates (`None` if none)."""
+    rules = {c.rule for c in spec.covariates if c.time_varying}
+    return rules.pop() if rules else None
+
+
+def covariate_arrays(
+    spec: ModelSpec, params: Mapping[str, Any], covariates: Mapping[str, ArrayLike]
+) -> tuple[dict[str, Array], int | None, int | None]:
+    """Check covariate shapes against their dims; return arrays, patches, days."""
+    sizes: dict[str, tuple[int, str]] = {}
+
+    def fail(location: str, reason: str) -> ModelSpecError:
+        return ModelSpecError(reason, file=spec.path, location=location)
+
+    def agree(dim: str, size: int, where: str) -> None:
+        if dim in sizes and sizes[dim][0] != size:
+            raise fail(
+                where,
+                f"{dim} size {size} disagrees with {dim} size {sizes[dim][0]} of "
+                f"{sizes[dim][1]}",
+            )
+        sizes.setdefault(dim, (size, where))
+
+    for p in spec.parameters:
+        if p.per_patch and p.name in params:
+            agree(PATCH, int(jnp.shape(params[p.name])[0]), f"parameters.{p.name}")
+    in_sizes = {
+        n.covariate: (n.in_size - int(n.time_input), n.name) for n in spec.neural
+    }
+    arrays = {}
+    for c in spec.covariates:
+        loc = f"covariates.{c.name}"
+        if c.name not in covariates:
+            raise fail(loc, f"no covariate {c.name!r} given; found: {join(covariates)}")
+        a = covariates[c.name]
+        if not isinstance(a, SparseCoupling):
+            a = jnp.asarray(a)
+        elif c.dims[-1] != PATCH_TO:
+            raise fail(loc, "a sparse matrix is only a coupling covariate")
+        if a.ndim != len(c.dims):
+            raise fail(
+                loc, f"shape {a.shape} does not match dims ({', '.join(c.dims)})"
+            )
+        for dim, size in zip(c.dims, a.shape, strict=True):
+            if dim == FEATURE:
+                want, by = in_sizes[c.name]
+                if size != want:
+                    raise fail(
+                        loc,
+                        f"shape {a.shape}: {size} features, but neural sub-model "
+                        f"{by!r} takes {want}",
+                    )
+            elif dim == PATCH_TO:
+                agree(PATCH, size, loc)
+            elif dim == TIME and size < 1:
+                raise fail(loc, f"shape {a.shape} has no days")
+            else:
+                agree(dim, size, loc)
+        arrays[c.name] = a
+    n_patches = sizes[PATCH][0] if PATCH in sizes else None
+    n_days = sizes[TIME][0] if TIME in sizes else None
+    return arrays, n_patches, n_days
+
+
+def args_and_inputs(
+    spec: ModelSpec,
+    plan: Plan,
+    values: Mapping[str, Any],
+    arrays: Mapping[str, Array],
+    n_days: int | None,
+    n_patches: int | None,
+) -> tuple[Args, PiecewiseConstant | None]:
+    """`(args, inputs)` of [`CompiledModel.precompute`][epifit.model.CompiledModel]
+    from the constrained `values` and the checked covariate `arrays`."""
+    static_env = dict(values)
+    day_env: dict[str, Array] = {}
+    for c in spec.covariates:
+        if c.dims == (PATCH,):
+            static_env[c.name] = arrays[c.name]
+        elif c.dims in ((TIME,), (TIME, PATCH)):
+            day_env[c.name] = arrays[c.name]
+    days = jnp.arange(n_days) if n_days is not None else None
+    for n in spec.neural:
+        day_env[n.name] = neural_rates(n, values[n.name], arrays[n.covariate], days)
+    args: dict[str, Array] = {}
+    per_day: dict[str, Array] = {}
+    for s in plan.slots:
+        if s.time_varying:
+            names = {n for e in s.expressions for n in e.names} & day_env.keys()
+            today = {n: day_env[n] for n in names}
+
+            def evaluate(today, s=s):
+                return _slot_value(s, {**static_env, **today})
+
+            per_day[s.key] = jax.vmap(evaluate)(today)
+        else:
+            value = _slot_value(s, static_env)
+            if n_patches is not None and jnp.ndim(value) == 0:
+                value = jnp.broadcast_to(value, (n_patches,))
+            args[s.key] = value
+    for inf in plan.infections:
+        c = inf.coupling
+        if c is not None:
+            m = arrays[c.covariate]
+            if isinstance(m, SparseCoupling):
+                # the columns hold on every day; only the weights vary
+                args[c.matrix + ".columns"] = m.columns
+                m = m.values
+            (per_day if c.time_varying else args)[c.matrix] = m
+    if not per_day:
+        return args, None
+    times = np.arange(n_days, dtype=np.float64)
+    if day_rule(spec) == "nearest":
+        times = times - 0.5
+    return args, PiecewiseConstant(times, per_day)
+
+
+def _slot_value(slot: Slot, env: Mapping[str, Any]) -> Array:
+    total = None
+    for e in slot.expressions:
+        v = e.evaluate(env)
+        total = v if total is None else total + v
+    if slot.factor != 1.0:
+        total = slot.factor * total
+    return total
