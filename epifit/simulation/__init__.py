@@ -8,6 +8,7 @@ Fitting (`epifit.fitting`) and forecasting (`epifit.forecasting`) build on it.
 """
 
 from epifit.simulation._problem import Problem as Problem
+from epifit.simulation._run import ModelRun as ModelRun
 from epifit.simulation._settings import ADJOINTS as ADJOINTS
 from epifit.simulation._settings import SOLVERS as SOLVERS
 from epifit.simulation._settings import SolverSettings as SolverSettings

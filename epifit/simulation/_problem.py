@@ -19,7 +19,8 @@ from epifit.data import (
     validate_dataset,
 )
 from epifit.model import ModelSpec, SparseCoupling, as_model, sparse_coupling
-from epifit.ode import Solution, solve
+from epifit.ode import Solution
+from epifit.simulation._run import ModelRun
 from epifit.simulation._settings import SolverSettings
 
 
@@ -201,19 +202,8 @@ class Problem:
         """
         settings = SolverSettings.of(settings, **overrides)
         arrays = self.arrays if arrays is None else arrays
-        cov = arrays["covariates"]
-        y0 = self.model.initial_state(params, arrays["initial"], self.n_patches)
-        y0 = {k: v.astype(self.dtype) for k, v in y0.items()}
-        args, inputs = self.model.precompute(params, cov, self.n_patches)
-        return solve(
-            self.model.vector_field,
-            y0,
-            args,
-            ts=self.ts,
-            inputs=inputs,
-            throw=throw,
-            **settings.solve_kwargs(),
-        )
+        run = ModelRun(self.model, self.ts, self.n_patches, self.dtype, settings)
+        return run(params, arrays["covariates"], arrays["initial"], throw=throw)
 
     def predict(self, params, ys, arrays=None) -> dict[str, jnp.ndarray]:
         """Predicted observed series `(time, patch)` (incidence `(time - 1,

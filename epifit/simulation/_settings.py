@@ -16,7 +16,6 @@ from epifit.ode import (
     BacksolveAdjoint,
     Bosh3,
     CheckpointAdjoint,
-    ConstantStepSize,
     Dopri5,
     Euler,
     ForwardAdjoint,
@@ -120,10 +119,8 @@ class SolverSettings:
         if controller is None and not isinstance(self.solver, AbstractAdaptiveSolver):
             raise ValueError(
                 f"{type(self.solver).__name__}() has no error estimate for a PID "
-                "controller; give stepsize_controller=ConstantStepSize() and dt0."
+                "controller; give stepsize_controller=ConstantStepSize(dt0)."
             )
-        if isinstance(controller, ConstantStepSize) and self.dt0 is None:
-            raise ValueError("A ConstantStepSize controller needs dt0.")
 
     @classmethod
     def of(cls, settings: SolverSettings | Mapping[str, Any] | None = None, **kw):

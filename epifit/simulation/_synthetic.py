@@ -24,7 +24,8 @@ import xarray as xr
 
 from epifit._schema import FEATURE, PATCH, PATCH_TO, POPULATION, STAGE, TIME
 from epifit.model import CompiledModel, ModelSpec, as_model, parameters_json
-from epifit.ode import PIDController, Tsit5, solve
+from epifit.simulation._run import ModelRun
+from epifit.simulation._settings import SolverSettings
 
 __all__ = ["synthetic_metapopulation"]
 
@@ -34,7 +35,8 @@ DEFAULT_DISPERSION = {"negative_binomial": 10.0, "gaussian": 0.1}
 START = np.datetime64("2020-03-01", "D")  # day 0 of every synthetic dataset
 RATE_RANGE = (0.22, 0.55)  # 2nd-98th percentiles of a true neural rate, /day
 SEED_FRACTION = (2e-4, 1e-3)  # initially infected fraction of a seeded patch
-RTOL, ATOL = 1e-10, 1e-13  # the truth is solved far below any noise level
+# the truth is solved far below any noise level: Tsit5 at rtol 1e-10, atol 1e-13
+TRUTH_SETTINGS = SolverSettings(rtol=1e-10, atol=1e-13, max_steps=100_000)
 _INVERSE = {  # inverses of monotone final activations, to place the rate range
     "softplus": lambda y: y + np.log(-np.expm1(-y)),
     "identity": lambda y: y,
@@ -412,19 +414,9 @@ def _solve(model: CompiledModel, params, covariates, initial, n, n_days):
 @eqx.filter_jit
 def _observed_series(model: CompiledModel, params, cov, initial, n, n_days):
     # compiled once per (model, sizes): the covariates and parameters are traced
-    y0 = model.initial_state(params, {**cov, **initial}, n)
-    y0 = {k: v.astype(jnp.float64) for k, v in y0.items()}
-    args, inputs = model.precompute(params, cov)
-    sol = solve(
-        model.vector_field,
-        y0,
-        args,
-        ts=np.arange(n_days, dtype=np.float64),
-        inputs=inputs,
-        solver=Tsit5(),
-        stepsize_controller=PIDController(rtol=RTOL, atol=ATOL),
-        max_steps=100_000,
-    )
+    ts = np.arange(n_days, dtype=np.float64)
+    run = ModelRun(model, ts, n, jnp.float64, TRUTH_SETTINGS, broadcast_rates=False)
+    sol = run(params, cov, {**cov, **initial})
     return model.observe(sol.ys, params)
 
 
