@@ -308,10 +308,8 @@ def default_chunk(cfg: EnsembleConfig, n: int, backend: str | None = None) -> in
     saved states) per chunk. On CPU, also about `CPU_CHUNK_STATE` state
     elements per chunk: a vmapped adaptive solve runs each segment until its
     slowest sample is done and selects the whole carry at every step, which
-    pays only while the per-step work of a sample is small. Measured on 2
-    cores (CPU time per solve, `benchmarks/forecast.py`): chunks of 16 at 20
-    patches and of 4 at 80 patches beat a Python loop by 1.6x and 1.9x; at 280
-    patches (4480 state elements) any chunk above 1 costs 25 % more.
+    pays only while the per-step work of a sample is small (the constant
+    comes from `benchmarks/forecast.py`).
     """
     state = sum(cfg.model.stages.values()) * cfg.n_patches
     series = len(cfg.observations) + len(cfg.compartments)
