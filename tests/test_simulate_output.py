@@ -138,6 +138,39 @@ def test_simulate_records_values_that_override_the_model(model):
     )
 
 
+def test_simulate_takes_solver_settings_and_records_them(model):
+    from epifit.ode import ConstantStepSize
+    from epifit.simulation import SolverSettings
+
+    # RK4 at 0.01 days: global error ~ (gamma dt)^4 = 6e-10, far below 100 x RTOL
+    fixed = SolverSettings(solver="rk4", stepsize_controller=ConstantStepSize(0.01))
+    ds = epifit.simulate(model, days=5, n_patches=2, settings=fixed)
+    np.testing.assert_allclose(
+        ds["I"].values, decay(10.0, [0.5, 0.5], 5), rtol=CLOSED_FORM_RTOL
+    )
+    assert ds.attrs["solver"] == "RK4"
+    assert ds.attrs["stepsize_controller"] == "ConstantStepSize"
+    # the keywords replace the fields of the settings
+    loose = SolverSettings(rtol=1e-3, atol=1e-3)
+    ds = epifit.simulate(
+        model,
+        days=5,
+        n_patches=2,
+        settings=loose,
+        rtol=RTOL,
+        atol=ATOL,
+        solver="dopri5",
+    )
+    np.testing.assert_allclose(
+        ds["I"].values, decay(10.0, [0.5, 0.5], 5), rtol=CLOSED_FORM_RTOL
+    )
+    assert (ds.attrs["solver"], ds.attrs["rtol"], ds.attrs["atol"]) == (
+        "Dopri5",
+        RTOL,
+        ATOL,
+    )
+
+
 def test_units_come_from_the_data(tmp_path):
     model = tmp_path / "decay_data.toml"
     model.write_text(DECAY_FROM_DATA)

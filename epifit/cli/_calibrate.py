@@ -31,16 +31,26 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-budget", type=float, help="seconds; stop (and checkpoint)")
     p.add_argument("--rtol", type=float, help="solver relative tolerance")
     p.add_argument("--atol", type=float, help="solver absolute tolerance")
-    p.add_argument(
-        "--adjoint",
-        choices=("checkpoint", "backsolve", "interpolating", "quadrature", "forward"),
-        help="how gradients are computed (default checkpoint)",
-    )
+    _adjoint_arg(p)
     p.add_argument(
         "--no-uncertainty", action="store_true", help="skip the Laplace approximation"
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def _adjoint_arg(p: argparse.ArgumentParser) -> None:
+    """`--adjoint NAME`: the names of `ADJOINTS`; the default is the adjoint of
+    `SolverSettings()` (the ODE core's)."""
+    from epifit.simulation import ADJOINTS, SolverSettings
+
+    default = SolverSettings().to_dict()["adjoint"]
+    name = next(k for k, cls in ADJOINTS.items() if cls.__name__ == default)
+    p.add_argument(
+        "--adjoint",
+        choices=tuple(ADJOINTS),
+        help=f"how gradients are computed (default {name})",
+    )
 
 
 def _run(a) -> int:

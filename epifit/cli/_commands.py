@@ -9,6 +9,23 @@ import shlex
 from epifit._paths import existing_file, output_file
 
 
+def _tolerance_args(p: argparse.ArgumentParser) -> None:
+    """`--rtol` and `--atol`, defaulting to `SolverSettings`'s tolerances."""
+    from epifit.simulation import SolverSettings
+
+    default = SolverSettings()
+    for flag, value, what in (
+        ("--rtol", default.rtol, "relative"),
+        ("--atol", default.atol, "absolute"),
+    ):
+        p.add_argument(
+            flag,
+            type=float,
+            default=value,
+            help=f"solver {what} tolerance (default {value:g})",
+        )
+
+
 # ----------------------------------------------------------------- simulate
 def _simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model file (TOML)")
@@ -17,8 +34,7 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--params", help="parameter values (TOML or JSON: name = value)")
     p.add_argument("--days", type=int, help="days to simulate (default: the data's)")
     p.add_argument("--patches", type=int, help="patches, for a model run without data")
-    p.add_argument("--rtol", type=float, default=1e-6)
-    p.add_argument("--atol", type=float, default=1e-9)
+    _tolerance_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
 
@@ -83,8 +99,7 @@ def _adjoints_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="model file (TOML)")
     p.add_argument("--data", required=True, help="dataset (netCDF) with observations")
     p.add_argument("--params", help="parameter values (TOML or JSON: name = value)")
-    p.add_argument("--rtol", type=float, default=1e-6)
-    p.add_argument("--atol", type=float, default=1e-9)
+    _tolerance_args(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json", action="store_true", help="print the records as JSON")
 

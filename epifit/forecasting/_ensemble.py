@@ -36,12 +36,8 @@ from jax.flatten_util import ravel_pytree
 from epifit._jit import jit
 from epifit._vmap import vmap_batch
 from epifit.model import CompiledModel, unconstrain
-from epifit.ode import (
-    AbstractSolver,
-    AbstractStepSizeController,
-    PiecewiseConstant,
-    solve,
-)
+from epifit.ode import AbstractSolver, AbstractStepSizeController, PiecewiseConstant
+from epifit.simulation import ModelRun, SolverSettings
 
 __all__ = [
     "EnsembleConfig",
@@ -117,6 +113,15 @@ class EnsembleConfig:
     max_steps: int
     dtype: str
     static: _Static
+
+    @functools.cached_property
+    def settings(self) -> SolverSettings:
+        """The solve's settings: `solver`, `controller` and `max_steps`."""
+        return SolverSettings(
+            solver=self.solver,
+            stepsize_controller=self.controller,
+            max_steps=self.max_steps,
+        )
 
     @property
     def n_intervals(self) -> int:
@@ -230,21 +235,11 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
     else:
         plist = [params]
     cov = data["covariates"]
-    y0 = model.initial_state(plist[0], data["initial"], n)
-    y0 = {k: v.astype(cfg.dtype) for k, v in y0.items()}
-    pre = [model.precompute(p, cov, n) for p in plist]
+    run = ModelRun(model, np.arange(T, dtype=np.float64), n, cfg.dtype, cfg.settings)
+    y0 = run.initial_state(plist[0], data["initial"])
+    pre = [run.precompute(p, cov) for p in plist]
     args, inputs = _assemble(cfg, pre, data)
-    sol = solve(
-        model.vector_field,
-        y0,
-        args,
-        ts=np.arange(T, dtype=np.float64),
-        inputs=inputs,
-        solver=cfg.solver,
-        stepsize_controller=cfg.controller,
-        max_steps=cfg.max_steps,
-        throw=False,
-    )
+    sol = run.integrate(y0, args, inputs, throw=False)
     out = {}
     if cfg.observations:
         preds = [model.observe(sol.ys, p, cov) for p in plist]
@@ -313,10 +308,8 @@ def default_chunk(cfg: EnsembleConfig, n: int, backend: str | None = None) -> in
     saved states) per chunk. On CPU, also about `CPU_CHUNK_STATE` state
     elements per chunk: a vmapped adaptive solve runs each segment until its
     slowest sample is done and selects the whole carry at every step, which
-    pays only while the per-step work of a sample is small. Measured on 2
-    cores (CPU time per solve, `benchmarks/forecast.py`): chunks of 16 at 20
-    patches and of 4 at 80 patches beat a Python loop by 1.6x and 1.9x; at 280
-    patches (4480 state elements) any chunk above 1 costs 25 % more.
+    pays only while the per-step work of a sample is small (the constant
+    comes from `benchmarks/forecast.py`).
     """
     state = sum(cfg.model.stages.values()) * cfg.n_patches
     series = len(cfg.observations) + len(cfg.compartments)

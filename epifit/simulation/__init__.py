@@ -1,19 +1,57 @@
 """Running a model on data: a model bound to a dataset, solved, as xarray.
 
 [`Problem`][] binds a compiled model to a dataset (covariates, initial data,
-observations) as arrays ready for the solver; [`simulate`][] solves it and
-returns the trajectories and observed series as an xarray Dataset;
-[`synthetic_metapopulation`][] makes a synthetic dataset from a known model.
-Fitting (`epifit.fitting`) and forecasting (`epifit.forecasting`) build on it.
+observations) as arrays ready for the solver; [`SolverSettings`][] says how it
+is solved and [`ModelRun`][] is the one solve of a model on data;
+[`simulate`][] solves it and returns the trajectories and observed series as
+an xarray Dataset; [`synthetic_metapopulation`][] makes a synthetic dataset
+from a known model. Fitting (`epifit.fitting`) and forecasting
+(`epifit.forecasting`) build on it.
+
+The names are imported on first use (PEP 562), so the CLI's parser can read
+`SolverSettings`, `SOLVERS` and `ADJOINTS` without loading xarray and pandas.
 """
 
-from epifit.simulation._problem import Problem as Problem
-from epifit.simulation._settings import ADJOINTS as ADJOINTS
-from epifit.simulation._settings import SOLVERS as SOLVERS
-from epifit.simulation._settings import SolverSettings as SolverSettings
-from epifit.simulation._simulate import load_params as load_params
-from epifit.simulation._simulate import simulate as simulate
-from epifit.simulation._simulate import trajectory_dataset as trajectory_dataset
-from epifit.simulation._synthetic import (
-    synthetic_metapopulation as synthetic_metapopulation,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+_EXPORTS = {
+    "ADJOINTS": "epifit.simulation._settings",
+    "SOLVERS": "epifit.simulation._settings",
+    "SolverSettings": "epifit.simulation._settings",
+    "ModelRun": "epifit.simulation._run",
+    "Problem": "epifit.simulation._problem",
+    "load_params": "epifit.simulation._simulate",
+    "simulate": "epifit.simulation._simulate",
+    "trajectory_dataset": "epifit.simulation._simulate",
+    "synthetic_metapopulation": "epifit.simulation._synthetic",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'epifit.simulation' has no attribute '{name}'")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
+
+
+if TYPE_CHECKING:  # for type checkers and editors
+    from epifit.simulation._problem import Problem as Problem
+    from epifit.simulation._run import ModelRun as ModelRun
+    from epifit.simulation._settings import ADJOINTS as ADJOINTS
+    from epifit.simulation._settings import SOLVERS as SOLVERS
+    from epifit.simulation._settings import SolverSettings as SolverSettings
+    from epifit.simulation._simulate import load_params as load_params
+    from epifit.simulation._simulate import simulate as simulate
+    from epifit.simulation._simulate import trajectory_dataset as trajectory_dataset
+    from epifit.simulation._synthetic import (
+        synthetic_metapopulation as synthetic_metapopulation,
+    )

@@ -19,7 +19,8 @@ from epifit.data import (
     validate_dataset,
 )
 from epifit.model import ModelSpec, SparseCoupling, as_model, sparse_coupling
-from epifit.ode import Solution, solve
+from epifit.ode import Solution
+from epifit.simulation._run import ModelRun
 from epifit.simulation._settings import SolverSettings
 
 
@@ -57,47 +58,51 @@ class Problem:
         dtype=None,
     ):
         self.model = as_model(model)
-        spec = self.model.spec
-        self.model_path = spec.path
+        self.model_path = self.model.spec.path
         self.data_path = None
         if isinstance(data, str | os.PathLike):
             self.data_path = str(data)
             data = open_dataset(data)
         self.dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
-        covariates = {c.name: c.dims for c in spec.covariates}
-        initial_vars = [i.data for i in spec.initial if i.data is not None]
         if data is None:
-            if covariates or initial_vars:
-                needed = sorted(covariates) + initial_vars
-                raise DataError(
-                    f"Model '{spec.name}' needs data variables {needed}; pass a "
-                    "dataset (--data DATA.nc)."
-                )
-            if days is None:
-                raise ValueError("Without data, give the number of days to solve for.")
-            self.dataset = None
-            self.patches = tuple(f"p{i}" for i in range(n_patches or 1))
-            self.n_patches = len(self.patches)
-            self.ts = np.arange(days, dtype=np.float64)
-            self.dates = None
-            self.covariates, self.initial_data = {}, {}
-            self.observed, self.mask = {}, {}
+            self._bind_nothing(days, n_patches)
             return
         if not isinstance(data, xr.Dataset):
             raise TypeError(
                 f"data must be an xarray.Dataset or a path; got {type(data)}."
             )
-        has_patch = PATCH in data.dims
-        observations = {}
-        for o in spec.observations:
-            if o.name in data.data_vars:
-                observations[o.name] = tuple(
-                    d for d in (TIME, PATCH) if d in data[o.name].dims
-                )
-        missing_obs = [
+        self._bind(data, days, n_patches, subset_patches)
+
+    def _bind_nothing(self, days: int | None, n_patches: int | None) -> None:
+        """A model with no covariates and no initial data, solved for `days`."""
+        spec = self.spec
+        covariates = [c.name for c in spec.covariates]
+        initial_vars = _initial_variables(spec)
+        if covariates or initial_vars:
+            needed = sorted(covariates) + initial_vars
+            raise DataError(
+                f"Model '{spec.name}' needs data variables {needed}; pass a "
+                "dataset (--data DATA.nc)."
+            )
+        if days is None:
+            raise ValueError("Without data, give the number of days to solve for.")
+        self.dataset = None
+        self.patches = _default_patches(n_patches)
+        self.n_patches = len(self.patches)
+        self.ts = np.arange(days, dtype=np.float64)
+        self.dates = None
+        self.covariates, self.initial_data = {}, {}
+        self.observed, self.mask = {}, {}
+
+    def _bind(self, data: xr.Dataset, days, n_patches, subset_patches) -> None:
+        """Validate `data` against the model and store it as arrays: the
+        patches, the time axis, covariates, initial data, observations."""
+        spec = self.spec
+        covariates = {c.name: c.dims for c in spec.covariates}
+        observations = _observed_dims(spec, data)
+        self.missing_observations = [
             o.name for o in spec.observations if o.name not in data.data_vars
         ]
-        self.missing_observations = missing_obs
         bound = validate_dataset(
             data,
             observations=observations,
@@ -105,57 +110,15 @@ class Problem:
             subset_patches=subset_patches,
         )
         ds = bound.dataset
-        for name in initial_vars:
-            if name not in ds.data_vars:
-                raise DataError(
-                    f"No variable '{name}' in dataset (the model's initial state "
-                    f"needs it); found {sorted(map(str, ds.data_vars))}"
-                )
+        initial_vars = _initial_variables(spec)
+        _check_initial_variables(ds, initial_vars)
         self.dataset = ds
-        if bound.patches is not None:
-            self.patches = bound.patches
-        elif has_patch:
-            self.patches = tuple(str(p) for p in ds[PATCH].values)
-        else:
-            self.patches = tuple(f"p{i}" for i in range(n_patches or 1))
+        self.patches = _patch_labels(bound, PATCH in data.dims, n_patches)
         self.n_patches = len(self.patches)
-        n_data_days = None if bound.times is None else bound.times.size
-        if days is None and n_data_days is None:
-            raise DataError(
-                "The dataset has no 'time' dimension; give the number of days to "
-                "solve for."
-            )
-        n = days if days is not None else n_data_days
-        self.ts = np.arange(n, dtype=np.float64)
-        self.dates = None
-        if TIME in ds.coords and np.issubdtype(ds[TIME].dtype, np.datetime64):
-            start = ds[TIME].values[0]
-            self.dates = start + np.arange(n).astype("timedelta64[D]")
-        dt = self.dtype
-        self.covariates = {}
-        for k, v in bound.covariates.items():
-            if covariates[k][-1:] == ("patch_to",):
-                # mobility matrices are sparse: store them by rows (see SparseCoupling)
-                self.covariates[k] = sparse_coupling(v.astype(dt))
-                if not isinstance(self.covariates[k], SparseCoupling):
-                    self.covariates[k] = jnp.asarray(v, dt)
-            else:
-                self.covariates[k] = jnp.asarray(v, dt)
-        self.initial_data = {}
-        for name in initial_vars:
-            da = ds[name]
-            dims = [d for d in da.dims if d != PATCH] + (
-                [PATCH] if PATCH in da.dims else []
-            )
-            self.initial_data[name] = jnp.asarray(da.transpose(*dims).values, dt)
-        self.observed, self.mask = {}, {}
-        for name, dims in observations.items():
-            obs = bound.observed[name]
-            mask = bound.mask[name]
-            if PATCH not in dims:
-                obs, mask = obs[:, None], mask[:, None]
-            self.observed[name] = jnp.asarray(obs, dt)
-            self.mask[name] = jnp.asarray(mask)
+        self.ts, self.dates = _time_axis(ds, bound, days)
+        self.covariates = _covariate_arrays(bound.covariates, covariates, self.dtype)
+        self.initial_data = _initial_arrays(ds, initial_vars, self.dtype)
+        self.observed, self.mask = _observation_arrays(bound, observations, self.dtype)
 
     # ------------------------------------------------------------------ solving
     @property
@@ -201,19 +164,8 @@ class Problem:
         """
         settings = SolverSettings.of(settings, **overrides)
         arrays = self.arrays if arrays is None else arrays
-        cov = arrays["covariates"]
-        y0 = self.model.initial_state(params, arrays["initial"], self.n_patches)
-        y0 = {k: v.astype(self.dtype) for k, v in y0.items()}
-        args, inputs = self.model.precompute(params, cov, self.n_patches)
-        return solve(
-            self.model.vector_field,
-            y0,
-            args,
-            ts=self.ts,
-            inputs=inputs,
-            throw=throw,
-            **settings.solve_kwargs(),
-        )
+        run = ModelRun(self.model, self.ts, self.n_patches, self.dtype, settings)
+        return run(params, arrays["covariates"], arrays["initial"], throw=throw)
 
     def predict(self, params, ys, arrays=None) -> dict[str, jnp.ndarray]:
         """Predicted observed series `(time, patch)` (incidence `(time - 1,
@@ -227,3 +179,100 @@ class Problem:
             "model_sha256": file_sha256(self.model_path),
             "data_sha256": file_sha256(self.data_path),
         }
+
+
+# -- binding a dataset ---------------------------------------------------------------
+def _initial_variables(spec: ModelSpec) -> list[str]:
+    """The data variables the model's `[initial]` table reads."""
+    return [i.data for i in spec.initial if i.data is not None]
+
+
+def _default_patches(n_patches: int | None) -> tuple[str, ...]:
+    return tuple(f"p{i}" for i in range(n_patches or 1))
+
+
+def _observed_dims(spec: ModelSpec, data: xr.Dataset) -> dict[str, tuple[str, ...]]:
+    """The dims, `(time[, patch])`, of each observed series the data hold."""
+    observations = {}
+    for o in spec.observations:
+        if o.name in data.data_vars:
+            observations[o.name] = tuple(
+                d for d in (TIME, PATCH) if d in data[o.name].dims
+            )
+    return observations
+
+
+def _check_initial_variables(ds: xr.Dataset, names: list[str]) -> None:
+    for name in names:
+        if name not in ds.data_vars:
+            raise DataError(
+                f"No variable '{name}' in dataset (the model's initial state "
+                f"needs it); found {sorted(map(str, ds.data_vars))}"
+            )
+
+
+def _patch_labels(bound, has_patch: bool, n_patches: int | None) -> tuple[str, ...]:
+    """The patch labels: the model's (matched by label), the data's, or
+    `p0, p1, ...` for data without a `patch` dim."""
+    if bound.patches is not None:
+        return bound.patches
+    if has_patch:
+        return tuple(str(p) for p in bound.dataset[PATCH].values)
+    return _default_patches(n_patches)
+
+
+def _time_axis(ds: xr.Dataset, bound, days: int | None):
+    """`(ts, dates)`: days since the first date, `(time,)` float, and the
+    dates when the data's time axis holds them (else `None`)."""
+    n_data_days = None if bound.times is None else bound.times.size
+    if days is None and n_data_days is None:
+        raise DataError(
+            "The dataset has no 'time' dimension; give the number of days to solve for."
+        )
+    n = days if days is not None else n_data_days
+    ts = np.arange(n, dtype=np.float64)
+    dates = None
+    if TIME in ds.coords and np.issubdtype(ds[TIME].dtype, np.datetime64):
+        start = ds[TIME].values[0]
+        dates = start + np.arange(n).astype("timedelta64[D]")
+    return ts, dates
+
+
+def _covariate_arrays(values: Mapping[str, Any], dims, dt) -> dict[str, Any]:
+    """The covariates as arrays of `dt`; mobility matrices `(..., patch_to)`
+    stored by rows when sparse (see `SparseCoupling`)."""
+    covariates = {}
+    for k, v in values.items():
+        if dims[k][-1:] == ("patch_to",):
+            covariates[k] = sparse_coupling(v.astype(dt))
+            if not isinstance(covariates[k], SparseCoupling):
+                covariates[k] = jnp.asarray(v, dt)
+        else:
+            covariates[k] = jnp.asarray(v, dt)
+    return covariates
+
+
+def _initial_arrays(ds: xr.Dataset, names: list[str], dt) -> dict[str, Any]:
+    """The initial-state variables, `(patch,)` or `(stage, patch)`."""
+    initial = {}
+    for name in names:
+        da = ds[name]
+        dims = [d for d in da.dims if d != PATCH] + (
+            [PATCH] if PATCH in da.dims else []
+        )
+        initial[name] = jnp.asarray(da.transpose(*dims).values, dt)
+    return initial
+
+
+def _observation_arrays(bound, observations, dt) -> tuple[dict, dict]:
+    """`(observed, mask)`, each series `(time, patch)` (a series without a
+    `patch` dim gets one)."""
+    observed, masks = {}, {}
+    for name, dims in observations.items():
+        obs = bound.observed[name]
+        mask = bound.mask[name]
+        if PATCH not in dims:
+            obs, mask = obs[:, None], mask[:, None]
+        observed[name] = jnp.asarray(obs, dt)
+        masks[name] = jnp.asarray(mask)
+    return observed, masks

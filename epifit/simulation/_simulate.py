@@ -15,12 +15,15 @@ import xarray as xr
 from epifit.data import PATCH, TIME, DataError
 from epifit.model import parameters_json
 from epifit.simulation._problem import Problem
+from epifit.simulation._settings import SolverSettings
 
 _DIMENSIONLESS = (
     "dimensionless (CF '1'): counts or fractions of each patch's population, as "
     "the model's initial state; the model file does not declare which"
 )
 _UNDECLARED = ("1", "dimensionless (CF '1'): the data variable declares no units")
+# the provenance attributes a simulation takes from `SolverSettings.to_dict()`
+_SOLVER_ATTRS = ("solver", "stepsize_controller", "rtol", "atol")
 
 
 def epifit_version() -> str:
@@ -81,8 +84,9 @@ def simulate(
     values: str | os.PathLike | Mapping[str, Any] | None = None,
     days: int | None = None,
     n_patches: int | None = None,
-    rtol: float = 1e-6,
-    atol: float = 1e-9,
+    settings: SolverSettings | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
     solver=None,
 ) -> xr.Dataset:
     """Run a model with given (or its initial) parameters; return the trajectories.
@@ -97,8 +101,12 @@ def simulate(
             a TOML/JSON file of `name = value` (per-patch ones as lists).
         days: days to simulate (default: the data's).
         n_patches: patches, for a model run without data.
-        rtol, atol: solver tolerances (Tsit5 with a PID controller).
-        solver: another solver, e.g. `Kvaerno5()` for stiff models.
+        settings: how the model is solved (default `SolverSettings()`: Tsit5
+            with a PID controller at its default tolerances).
+        rtol, atol: the PID controller's tolerances, replacing those of
+            `settings`.
+        solver: a solver (or its name) replacing that of `settings`, e.g.
+            `Kvaerno5()` for stiff models.
 
     Returns:
         A Dataset with `state (time, state_row, patch)` (every stage of every
@@ -124,15 +132,14 @@ def simulate(
         raise ValueError("Give either params (unconstrained) or values, not both.")
     else:
         source = "unconstrained params given to simulate"
-    sol = problem.solve(params, rtol=rtol, atol=atol, solver=solver)
+    settings = SolverSettings.of(settings, rtol=rtol, atol=atol, solver=solver)
+    sol = problem.solve(params, settings)
+    solved = settings.to_dict()
     attrs = {
         **parameter_attrs(problem, params),
         "parameters_source": source,
         "params_file": str(values) if isinstance(values, str | os.PathLike) else "",
-        "solver": type(solver).__name__ if solver is not None else "Tsit5",
-        "stepsize_controller": "PIDController",
-        "rtol": float(rtol),
-        "atol": float(atol),
+        **{k: solved[k] for k in _SOLVER_ATTRS},
     }
     return trajectory_dataset(problem, params, sol, attrs=attrs)
 

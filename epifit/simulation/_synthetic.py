@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import equinox as eqx
 import jax
@@ -24,7 +24,9 @@ import xarray as xr
 
 from epifit._schema import FEATURE, PATCH, PATCH_TO, POPULATION, STAGE, TIME
 from epifit.model import CompiledModel, ModelSpec, as_model, parameters_json
-from epifit.ode import PIDController, Tsit5, solve
+from epifit.simulation._run import ModelRun
+from epifit.simulation._settings import SolverSettings
+from epifit.simulation._synthetic_covariates import draw_covariates
 
 __all__ = ["synthetic_metapopulation"]
 
@@ -34,7 +36,8 @@ DEFAULT_DISPERSION = {"negative_binomial": 10.0, "gaussian": 0.1}
 START = np.datetime64("2020-03-01", "D")  # day 0 of every synthetic dataset
 RATE_RANGE = (0.22, 0.55)  # 2nd-98th percentiles of a true neural rate, /day
 SEED_FRACTION = (2e-4, 1e-3)  # initially infected fraction of a seeded patch
-RTOL, ATOL = 1e-10, 1e-13  # the truth is solved far below any noise level
+# the truth is solved far below any noise level: Tsit5 at rtol 1e-10, atol 1e-13
+TRUTH_SETTINGS = SolverSettings(rtol=1e-10, atol=1e-13, max_steps=100_000)
 _INVERSE = {  # inverses of monotone final activations, to place the rate range
     "softplus": lambda y: y + np.log(-np.expm1(-y)),
     "identity": lambda y: y,
@@ -59,50 +62,44 @@ def synthetic_metapopulation(
     Everything is drawn from `numpy.random.default_rng(seed)`: the result is a
     pure function of the arguments, for any number of patches and days.
 
-    - **Patches** `p00, p01, ...` at uniform points of the unit square, with
-      populations `round(1e5 * lognormal(0, 1))` (at least 1000): `population
-      (patch)`.
+    - **Patches** `p00, p01, ...` at uniform points of the unit square;
+      `population (patch)` is `round(1e5 * lognormal(0, 1))`, at least 1000.
     - **Coupling** covariates `(time, patch, patch_to)`: gravity weights
       `population[q] * exp(-distance / 0.1)` to the 10 nearest neighbours,
       normalised to row sums `U(0.05, 0.3)`, times a slow modulation (a
       lockdown factor 1 -> 0.5 around day 22, partial reopening around day 70,
-      a weekly +-10 % rhythm, +-20 % drift per patch). A `(patch, patch_to)`
+      a weekly +-10 % rhythm, +-20 % drift per patch); a `(patch, patch_to)`
       covariate gets the unmodulated weights.
-    - **Mobility** covariates `(time, patch, feature)`: features in `[0, 1]`,
-      smooth in time, dipping around day 20 and recovering after day 70.
-    - **True parameters**: the model file's values for scalar parameters; a
-      per-patch parameter with no upper bound is spread as
-      `lower + (value - lower) * U(0.7, 1.3)`. Each neural sub-model gets
-      random weights (sd `1/sqrt(in_size)`, biases sd 0.1), its output
-      layer then sign-fixed so the rate rises with mean mobility and affinely
-      set so the 2nd-98th percentiles of the rate over all days and patches
-      are 0.22-0.55 /day. `params` overrides any of these.
+    - **Mobility** covariates `(time, patch, feature)`: smooth, in `[0, 1]`,
+      dipping around day 20 and recovering after day 70.
+    - **True parameters**: the model file's values; a per-patch parameter with
+      no upper bound is spread as `lower + (value - lower) * U(0.7, 1.3)`. Each
+      neural sub-model gets random weights (sd `1/sqrt(in_size)`, biases sd
+      0.1), its output layer sign-fixed so the rate rises with mean mobility
+      and set so the 2nd-98th percentiles of the rate over all days and
+      patches are 0.22-0.55 /day. `params` overrides any of these.
     - **Initial state**: the `[initial]` variables read from data, e.g.
-      `initial_S (patch)`, `initial_ID (stage_ID, patch)` (each box-car chain
-      has its own stage dim, `stage_<compartment>`, since chains differ in
-      length). 5 % of the patches (at least 2) are seeded with
-      `U(2e-4, 1e-3)` of their population in the infected compartment of the
-      first infection; the rest is susceptible.
-    - **Observations**: the model is solved with `Tsit5` at `rtol = 1e-10`,
-      `atol = 1e-13` in float64; each observed series (with its ascertainment)
-      is stored noise-free as `true_<name>` and with noise as `<name>`.
-      Incidence has no value on day 0 (NaN).
+      `initial_S (patch)`, `initial_ID (stage_ID, patch)` (a dim
+      `stage_<compartment>` per box-car chain). 5 % of the patches (at least
+      2) get `U(2e-4, 1e-3)` of their population in the infected compartment
+      of the first infection; the rest is susceptible.
+    - **Observations**: the model is solved in float64 with `TRUTH_SETTINGS`
+      (Tsit5 at `rtol = 1e-10`, `atol = 1e-13`); each observed series (with
+      its ascertainment) is stored noise-free as `true_<name>` and with noise
+      as `<name>`. Incidence has no value on day 0 (NaN).
 
     **Units.** Observations are counts. A model in fractions of each patch
-    (no infection normalised by a population, as the reference
-    `seird_metapop_mobility.toml`) is scaled: the expected count is `population
-    * prediction`, so a fit must scale the model's prediction by `population`
-    the same way (the dataset attribute `observation_scale` says
-    `population`). A model in counts is used as it is (`observation_scale =
-    "none"`); its initial state is `population` times the fractions above,
-    and `population` is left out when the model reads neither it nor initial
-    data (it has its own, a parameter such as `N`).
+    (no infection normalised by a population, as `seird_metapop_mobility.toml`)
+    is scaled: the expected count is `population * prediction`, and a fit must
+    scale the same way (attribute `observation_scale = "population"`). A model
+    in counts is used as it is (`"none"`), its initial state `population`
+    times the fractions above; `population` is left out when it reads neither
+    it nor initial data (it has its own, such as `N`).
 
-    **Noise** on the expected counts `mu`: `poisson`; `negative_binomial` with
-    `dispersion` phi (variance `mu + mu^2 / phi`, default 10); `gaussian` with
-    standard deviation `dispersion * mean(mu)` per series (default 0.1), the
-    result clipped at 0; `none` (the truth clipped at 0). The noise is drawn
-    independently of the model's declared likelihood family.
+    **Noise** on the expected counts `mu`, whatever the model's likelihood:
+    `poisson`; `negative_binomial` with `dispersion` phi (variance `mu + mu^2 /
+    phi`, default 10); `gaussian` with sd `dispersion * mean(mu)` per series
+    (default 0.1), clipped at 0; `none` (the truth clipped at 0).
 
     Args:
         model: a TOML path, a `ModelSpec` or a `CompiledModel`.
@@ -113,16 +110,14 @@ def synthetic_metapopulation(
         dispersion: the noise's dispersion (see above); only for
             `negative_binomial` and `gaussian`.
         params: constrained true values overriding the drawn ones, by name
-            (an `eqx.nn.MLP` for a neural sub-model, a list for a per-patch
-            parameter).
+            (an `eqx.nn.MLP` for a neural sub-model, a list per patch).
 
     Returns:
         `(dataset, true_params)`: the dataset (observations, `true_<name>`,
         covariates, `population`, initial-state variables; attributes
-        `true_parameters` and `true_derived` as JSON of the constrained values,
+        `true_parameters` and `true_derived`, JSON of the constrained values,
         MLPs as `{"layers": [{"weight": [[...]], "bias": [...]}, ...]}`) and
-        the true parameter pytree in unconstrained coordinates, as from
-        `model.init_params` (`model.constrain(true_params)` gives the values).
+        the true parameters, unconstrained, as from `model.init_params`.
 
     Raises:
         ValueError: for a bad size, noise, dispersion or parameter name.
@@ -139,53 +134,77 @@ def synthetic_metapopulation(
         True
     """
     compiled = as_model(model)
-    spec = compiled.spec
     _check_arguments(n_patches, n_days, seed, noise, dispersion)
     if dispersion is None:
         dispersion = DEFAULT_DISPERSION.get(noise)
     rng = np.random.default_rng(seed)
     with jax.enable_x64(True):
-        xy = rng.uniform(0.0, 1.0, size=(n_patches, 2))
-        population = np.maximum(
-            np.round(1e5 * rng.lognormal(0.0, 1.0, size=n_patches)), 1000.0
-        )
-        covariates = _covariates(spec, rng, xy, population, n_days)
-        values = _true_values(compiled, rng, n_patches, covariates, params)
-        true_params = compiled.unconstrain(values)
-        counts_model = any(i.normalize == "population" for i in spec.infections)
-        initial = _initial_data(
-            spec, rng, n_patches, population if counts_model else None
-        )
-        expected = _solve(compiled, true_params, covariates, initial, n_patches, n_days)
-        scale = np.ones(n_patches) if counts_model else population
-        expected = {k: v * scale[None, :] for k, v in expected.items()}
+        truth = _simulate_truth(compiled, rng, n_patches, n_days, params)
         observed = {
-            k: _add_noise(rng, v, noise, dispersion) for k, v in expected.items()
+            k: _add_noise(rng, v, noise, dispersion) for k, v in truth.expected.items()
         }
-        constrained = compiled.constrain(true_params)
-    if counts_model and not initial and POPULATION not in covariates:
-        population = None  # the model has its own; a drawn one would mislead
-    ds = _assemble(spec, n_days, covariates, population, initial, observed, expected)
-    as_json = parameters_json(spec, constrained)
-    ds.attrs.update(
-        {
-            "title": f"Synthetic metapopulation epidemic, model '{spec.name}', "
-            f"{n_patches} patches, {n_days} days",
-            "source": "epifit.simulation.synthetic_metapopulation",
-            "comment": _comment(counts_model, noise),
-            "Conventions": "CF-1.8",
-            "model": spec.name,
-            "model_text": _model_text(spec),
-            "seed": int(seed),
-            "noise": noise,
-            "dispersion": "none" if dispersion is None else float(dispersion),
-            "observation_units": "counts",
-            "observation_scale": "none" if counts_model else POPULATION,
-            "true_parameters": as_json["parameters"],
-            "true_derived": as_json["derived_parameters"],
-        }
+    ds = _assemble(compiled.spec, n_days, truth, observed)
+    about = dict(seed=seed, noise=noise, dispersion=dispersion)
+    ds.attrs.update(_attributes(compiled.spec, truth, **about))
+    return ds, truth.params
+
+
+class _Truth(NamedTuple):
+    """The drawn world and its noise-free observations."""
+
+    covariates: dict[str, np.ndarray]
+    population: np.ndarray | None  # None: the model has its own
+    initial: dict[str, np.ndarray]
+    params: Any  # unconstrained
+    constrained: Any  # the true values, `model.constrain(params)`
+    counts_model: bool
+    expected: dict[str, np.ndarray]  # expected counts, (time, patch)
+
+
+def _simulate_truth(compiled: CompiledModel, rng, n_patches, n_days, params):
+    """Patches, covariates, true parameters and initial state drawn from
+    `rng` (in this order), then solved: the expected counts."""
+    spec = compiled.spec
+    xy = rng.uniform(0.0, 1.0, size=(n_patches, 2))
+    population = np.maximum(
+        np.round(1e5 * rng.lognormal(0.0, 1.0, size=n_patches)), 1000.0
     )
-    return ds, true_params
+    covariates = draw_covariates(spec, rng, xy, population, n_days)
+    values = _true_values(compiled, rng, n_patches, covariates, params)
+    true_params = compiled.unconstrain(values)
+    counts = any(i.normalize == "population" for i in spec.infections)
+    initial = _initial_data(spec, rng, n_patches, population if counts else None)
+    expected = _solve(compiled, true_params, covariates, initial, n_patches, n_days)
+    scale = np.ones(n_patches) if counts else population
+    expected = {k: v * scale[None, :] for k, v in expected.items()}
+    if counts and not initial and POPULATION not in covariates:
+        population = None  # the model has its own; a drawn one would mislead
+    constrained = compiled.constrain(true_params)
+    return _Truth(
+        covariates, population, initial, true_params, constrained, counts, expected
+    )
+
+
+def _attributes(spec, truth: _Truth, *, seed, noise, dispersion) -> dict[str, Any]:
+    """The dataset's attributes: what made it, and the true values as JSON."""
+    as_json = parameters_json(spec, truth.constrained)
+    n_days, n_patches = next(iter(truth.expected.values())).shape
+    return {
+        "title": f"Synthetic metapopulation epidemic, model '{spec.name}', "
+        f"{n_patches} patches, {n_days} days",
+        "source": "epifit.simulation.synthetic_metapopulation",
+        "comment": _comment(truth.counts_model, noise),
+        "Conventions": "CF-1.8",
+        "model": spec.name,
+        "model_text": _model_text(spec),
+        "seed": int(seed),
+        "noise": noise,
+        "dispersion": "none" if dispersion is None else float(dispersion),
+        "observation_units": "counts",
+        "observation_scale": "none" if truth.counts_model else POPULATION,
+        "true_parameters": as_json["parameters"],
+        "true_derived": as_json["derived_parameters"],
+    }
 
 
 # -- arguments ----------------------------------------------------------------------
@@ -207,84 +226,6 @@ def _check_arguments(n_patches, n_days, seed, noise, dispersion) -> None:
             )
         if not dispersion > 0:
             raise ValueError(f"dispersion must be > 0; got {dispersion}.")
-
-
-# -- covariates ---------------------------------------------------------------------
-def _smooth(rng, lead: tuple[int, ...], n_days: int, n_modes: int = 3) -> np.ndarray:
-    """A few low-frequency sinusoids, `lead + (time,)`, roughly in [-1, 1]."""
-    t = np.arange(n_days, dtype=np.float64)
-    out = np.zeros(lead + (n_days,))
-    for _ in range(n_modes):
-        period = rng.uniform(20.0, 120.0, size=lead)
-        phase = rng.uniform(0.0, 2 * np.pi, size=lead)
-        amp = rng.uniform(0.3, 1.0, size=lead) / n_modes
-        out += amp[..., None] * np.sin(
-            2 * np.pi * t / period[..., None] + phase[..., None]
-        )
-    return out
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def _gravity(rng, xy: np.ndarray, population: np.ndarray) -> np.ndarray:
-    """Static coupling `(patch, patch_to)`: k-NN gravity, row sums U(0.05, 0.3)."""
-    n = xy.shape[0]
-    dist = np.sqrt(((xy[:, None, :] - xy[None, :, :]) ** 2).sum(-1))
-    k = min(10, n - 1)
-    weights = np.zeros((n, n))
-    if k > 0:
-        nearest = np.argsort(dist, axis=1, kind="stable")[:, 1 : k + 1]  # not self
-        rows = np.repeat(np.arange(n), k)
-        cols = nearest.reshape(-1)
-        weights[rows, cols] = population[cols] * np.exp(-dist[rows, cols] / 0.1)
-        weights /= weights.sum(axis=1, keepdims=True)
-    return weights * rng.uniform(0.05, 0.3, size=n)[:, None]
-
-
-def _covariates(spec: ModelSpec, rng, xy, population, n_days) -> dict[str, np.ndarray]:
-    """Day-major covariates for every covariate the model declares."""
-    n = xy.shape[0]
-    t = np.arange(n_days, dtype=np.float64)
-    in_sizes = {m.covariate: m.in_size - int(m.time_input) for m in spec.neural}
-    static = _gravity(rng, xy, population)
-    out: dict[str, np.ndarray] = {}
-    for c in spec.covariates:
-        if c.dims == (TIME, PATCH, PATCH_TO):
-            lockdown = 1.0 - 0.5 * _sigmoid((t - 22.0) / 4.0)
-            lockdown += 0.3 * _sigmoid((t - 70.0) / 6.0)
-            weekly = 1.0 + 0.1 * np.sin(2 * np.pi * t / 7.0)
-            drift = 1.0 + 0.2 * _smooth(rng, (n,), n_days)  # (patch, time)
-            mod = (lockdown * weekly)[:, None] * drift.T  # (time, patch)
-            out[c.name] = static[None, :, :] * mod[:, :, None]
-        elif c.dims == (PATCH, PATCH_TO):
-            out[c.name] = static
-        elif c.dims == (TIME, PATCH, FEATURE):
-            f = in_sizes[c.name]
-            base = rng.uniform(0.3, 0.8, size=(n, f))
-            sensitivity = rng.uniform(0.2, 0.6, size=(n, f))
-            dip = _sigmoid((t - 20.0) / 4.0) - 0.6 * _sigmoid((t - 70.0) / 8.0)
-            weekly = np.zeros(f)
-            weekly[[i for i in (0, 1, 4) if i < f]] = 0.08  # retail, transit, work
-            x = (
-                base[:, :, None]
-                - sensitivity[:, :, None] * dip
-                + weekly[None, :, None] * np.sin(2 * np.pi * t / 7.0)
-                + 0.08 * _smooth(rng, (n, f), n_days)
-            )
-            out[c.name] = np.clip(x, 0.0, 1.0).transpose(2, 0, 1)  # day-major
-        elif c.dims == (PATCH,) and c.name == POPULATION:
-            out[c.name] = population
-        else:
-            raise NotImplementedError(
-                f"synthetic_metapopulation cannot invent covariate {c.name!r} with "
-                f"dims {c.dims}; it makes (time, patch, patch_to), (patch, "
-                "patch_to), (time, patch, feature) and 'population' (patch). "
-                "Build the dataset yourself and simulate with epifit.simulate."
-            )
-        out[c.name] = np.ascontiguousarray(out[c.name], dtype=np.float64)
-    return out
 
 
 # -- true parameters ----------------------------------------------------------------
@@ -412,19 +353,9 @@ def _solve(model: CompiledModel, params, covariates, initial, n, n_days):
 @eqx.filter_jit
 def _observed_series(model: CompiledModel, params, cov, initial, n, n_days):
     # compiled once per (model, sizes): the covariates and parameters are traced
-    y0 = model.initial_state(params, {**cov, **initial}, n)
-    y0 = {k: v.astype(jnp.float64) for k, v in y0.items()}
-    args, inputs = model.precompute(params, cov)
-    sol = solve(
-        model.vector_field,
-        y0,
-        args,
-        ts=np.arange(n_days, dtype=np.float64),
-        inputs=inputs,
-        solver=Tsit5(),
-        stepsize_controller=PIDController(rtol=RTOL, atol=ATOL),
-        max_steps=100_000,
-    )
+    ts = np.arange(n_days, dtype=np.float64)
+    run = ModelRun(model, ts, n, jnp.float64, TRUTH_SETTINGS, broadcast_rates=False)
+    sol = run(params, cov, {**cov, **initial})
     return model.observe(sol.ys, params)
 
 
@@ -460,7 +391,11 @@ def _significant(x: np.ndarray, digits: int = 6) -> np.ndarray:
 
 
 # -- the dataset --------------------------------------------------------------------
-def _assemble(spec, n_days, covariates, population, initial, observed, expected):
+def _assemble(spec, n_days, truth: _Truth, observed) -> xr.Dataset:
+    """The dataset: observations with and without noise, covariates,
+    `population` (unless the model has its own), initial-state variables."""
+    covariates, initial, expected = truth.covariates, truth.initial, truth.expected
+    population = truth.population
     n = next(iter(expected.values())).shape[1]
     width = len(str(n - 1))
     labels = np.asarray([f"p{i:0{width}d}" for i in range(n)], dtype=str)
