@@ -12,12 +12,22 @@ from jax.flatten_util import ravel_pytree
 from ._adjoint.base import AbstractAdjoint
 from ._adjoint.checkpoint import CheckpointAdjoint
 from ._errors import Result, SolverError, format_failure
+from ._grid import make_grid
 from ._inputs import PiecewiseConstant
-from ._loop import Integrator, check_solver_controller, make_grid
+from ._loop import Integrator
 from ._misc import state_dtype
 from ._solution import Solution
-from ._solver import AbstractImplicitSolver, AbstractSolver, Tsit5
-from ._step_size import ConstantStepSize, PIDController
+from ._solver import (
+    AbstractAdaptiveSolver,
+    AbstractImplicitSolver,
+    AbstractSolver,
+    Tsit5,
+)
+from ._step_size import (
+    AbstractAdaptiveStepSizeController,
+    ConstantStepSize,
+    PIDController,
+)
 
 
 def solve(
@@ -89,6 +99,63 @@ def solve(
         >>> round(float(sol.ys[-1]), 6) == round(float(jnp.exp(-1.0)), 6)
         True
     """
+    solver, stepsize_controller, adjoint, ts_np = _check_arguments(
+        ts, inputs, solver, stepsize_controller, adjoint, max_steps
+    )
+    dtype = state_dtype(y0)
+    grid = _grid(ts_np, inputs, stepsize_controller)
+    values = None if inputs is None else inputs.values
+    integ, args, flat0, unravel = _integrator(
+        vector_field, y0, args, solver, stepsize_controller, max_steps, throw
+    )
+    ys_all, stats, fail = adjoint.loop(integ, grid, flat0, args, values, dt0)
+    save = jnp.asarray(grid.save_index)
+    ys = jax.vmap(unravel)(ys_all[save])
+    code, seg, t_fail = fail
+    if throw:
+        ys = _raise_if_failed(ys, code, seg, t_fail, grid, max_steps)
+    stats = _solution_stats(stats, grid)
+    return Solution(jnp.asarray(ts_np, dtype), ys, stats, code, seg, t_fail)
+
+
+def _grid(ts_np, inputs, controller):
+    """The segment grid of the save times and the inputs' break times (with
+    the steps per segment of a `ConstantStepSize`)."""
+    fixed_dt = controller.dt0 if isinstance(controller, ConstantStepSize) else None
+    return make_grid(
+        ts_np, None if inputs is None else np.asarray(inputs.times), fixed_dt
+    )
+
+
+def _solution_stats(stats, grid):
+    """`Solution.stats` from the summed `SegmentStats` of the scan."""
+    return {
+        "num_accepted_steps": stats.n_accepted,
+        "num_rejected_steps": stats.n_rejected,
+        "num_rhs_evals": stats.n_evals,
+        "num_segments": grid.input_index.size,
+    }
+
+
+def _check_arguments(ts, inputs, solver, stepsize_controller, adjoint, max_steps):
+    """`solve`'s arguments checked at trace time, with their defaults:
+    `(solver, stepsize_controller, adjoint, ts as float64 NumPy)`."""
+    solver, stepsize_controller, adjoint = _check_method(
+        solver, stepsize_controller, adjoint
+    )
+    ts_np = _check_ts(ts)
+    if inputs is not None and not isinstance(inputs, PiecewiseConstant):
+        raise TypeError(
+            f"inputs must be a PiecewiseConstant; got {type(inputs).__name__}."
+        )
+    if max_steps < 1:
+        raise ValueError(f"max_steps must be >= 1; got {max_steps}.")
+    return solver, stepsize_controller, adjoint, ts_np
+
+
+def _check_method(solver, stepsize_controller, adjoint):
+    """The solver, step-size controller and adjoint, defaulted and checked.
+    An implicit solver's unset Newton tolerances are the `PIDController`'s."""
     solver = Tsit5() if solver is None else solver
     if stepsize_controller is None:
         stepsize_controller = PIDController()
@@ -102,13 +169,35 @@ def solve(
             "adjoint must be an epifit.ode adjoint such as CheckpointAdjoint(); "
             f"got {adjoint!r}."
         )
-    check_solver_controller(solver, stepsize_controller)
+    _check_solver_controller(solver, stepsize_controller)
     if isinstance(solver, AbstractImplicitSolver) and isinstance(
         stepsize_controller, PIDController
     ):
         solver = solver.with_default_tolerances(
             stepsize_controller.rtol, stepsize_controller.atol
         )
+    return solver, stepsize_controller, adjoint
+
+
+def _check_solver_controller(solver, controller):
+    if isinstance(controller, AbstractAdaptiveStepSizeController):
+        if not isinstance(solver, AbstractAdaptiveSolver):
+            raise ValueError(
+                f"{type(controller).__name__} needs an adaptive solver such as "
+                f"Tsit5(); "
+                f"got {type(solver).__name__}(). Use "
+                "stepsize_controller=ConstantStepSize(dt0) for fixed steps."
+            )
+    elif not isinstance(controller, ConstantStepSize):
+        raise TypeError(
+            "stepsize_controller must be a PIDController or a ConstantStepSize; got "
+            f"{type(controller).__name__}."
+        )
+
+
+def _check_ts(ts) -> np.ndarray:
+    """The save times as a float64 NumPy array: concrete, 1-D, at least two,
+    strictly increasing."""
     if isinstance(ts, jax.core.Tracer):
         raise TypeError(
             "ts must be concrete (a NumPy array or list): the segment grid is built at "
@@ -121,22 +210,12 @@ def solve(
         )
     if not np.all(np.diff(ts_np) > 0):
         raise ValueError("ts must be strictly increasing.")
-    if inputs is not None and not isinstance(inputs, PiecewiseConstant):
-        raise TypeError(
-            f"inputs must be a PiecewiseConstant; got {type(inputs).__name__}."
-        )
-    if max_steps < 1:
-        raise ValueError(f"max_steps must be >= 1; got {max_steps}.")
-    dtype = state_dtype(y0)
-    fixed_dt = (
-        stepsize_controller.dt0
-        if isinstance(stepsize_controller, ConstantStepSize)
-        else None
-    )
-    grid = make_grid(
-        ts_np, None if inputs is None else np.asarray(inputs.times), fixed_dt
-    )
-    values = None if inputs is None else inputs.values
+    return ts_np
+
+
+def _integrator(vector_field, y0, args, solver, controller, max_steps, throw):
+    """The [`Integrator`][] of a solve, on the solver's state buffer
+    (`_pack`): `(integrator, array leaves of args, y0 packed, unpack)`."""
     # Non-array leaves of args (the activation functions of an eqx.nn.MLP, say)
     # are not JAX values: the vector field gets them back by closure.
     args, args_static = eqx.partition(args, eqx.is_array_like)
@@ -144,20 +223,8 @@ def solve(
         vector_field = _with_static_args(vector_field, args_static)
     flat0, unravel, pack = _pack(y0)
     vf_flat = _flat_vector_field(vector_field, y0, unravel, pack)
-    integ = Integrator(vf_flat, solver, stepsize_controller, max_steps, throw=throw)
-    ys_all, stats, fail = adjoint.loop(integ, grid, flat0, args, values, dt0)
-    save = jnp.asarray(grid.save_index)
-    ys = jax.vmap(unravel)(ys_all[save])
-    code, seg, t_fail = fail
-    if throw:
-        ys = _raise_if_failed(ys, code, seg, t_fail, grid, max_steps)
-    stats = {
-        "num_accepted_steps": stats.n_accepted,
-        "num_rejected_steps": stats.n_rejected,
-        "num_rhs_evals": stats.n_evals,
-        "num_segments": grid.input_index.size,
-    }
-    return Solution(jnp.asarray(ts_np, dtype), ys, stats, code, seg, t_fail)
+    integ = Integrator(vf_flat, solver, controller, max_steps, throw=throw)
+    return integ, args, flat0, unravel
 
 
 def _with_static_args(vector_field, args_static):
@@ -176,10 +243,7 @@ def _pack(y0):
     rows. Otherwise it is 1-D, as `ravel_pytree` makes it. The 2-D form keeps
     XLA CPU's loops over `(row, column)`: a 1-D buffer turns each slice of a
     `(stages, patch)` leaf into index arithmetic (a division per element)
-    that does not vectorise. Measured on the reference model, 280 patches,
-    float32, one core, its right-hand side written by hand: one evaluation
-    3.4-5.1 us with the `(16, 280)` buffer
-    against 8.1-12.8 us with the `(4480,)` buffer, the same code otherwise.
+    that does not vectorise (measurements: `epifit/ode/README.md`).
     """
     leaves, struct = jtu.tree_flatten(y0)
     shapes = [jnp.shape(x) for x in leaves]
@@ -219,11 +283,10 @@ def _flat_vector_field(vector_field, y0, unravel, pack):
     The state stays a pytree for the user (the vector field sees and returns
     pytrees, `ys` is a pytree), but the solver's arithmetic (stage
     combinations, error norms, step acceptance) runs on one contiguous buffer:
-    one fused kernel per operation instead of one per leaf, which halved the
-    compile time and the kernel launches of a many-compartment model.
-    Measured on the reference model (280 patches, float32, one core): one
-    evaluation with the `(16, 280)` buffer costs about what the pytree-output
-    form does (7.5 us), where the `(4480,)` buffer cost 17.8 us.
+    one fused kernel per operation instead of one per leaf, so fewer kernels
+    to compile and to launch (measurements: `epifit/ode/README.md`). Cost: one
+    concatenation of the output leaves and one split of the state per
+    evaluation.
     """
     struct = jtu.tree_structure(y0)
     shapes = [jnp.shape(x) for x in jtu.tree_leaves(y0)]

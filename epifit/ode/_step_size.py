@@ -5,6 +5,7 @@ from __future__ import annotations
 import abc
 
 import equinox as eqx
+import jax.lax as lax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
@@ -134,3 +135,38 @@ class PIDController(AbstractAdaptiveStepSizeController):
         inv = inv.astype(inv_prev.dtype)
         new_state = (inv, inv_prev)
         return accept, dt_next, new_state
+
+
+def first_step(ctrl, vf, a, b, y, args, u, dt, fstate, from_fsal):
+    """The first step of an adaptive segment `[a, b]`, and the vector-field
+    evaluations it cost: `dt` itself where `dt > 0`, else (the first segment
+    without `dt0`) `0.01 * ||y|| / ||f(y)||` in `ctrl`'s scaled norm (the first
+    half of Hairer's heuristic), capped at `b - a`. `f(y)` is the solver's
+    first-same-as-last state `fstate` where `from_fsal` (no evaluation), else
+    one evaluation. The controller grows the step by up to `factormax` per
+    accepted step.
+    """
+    first = dt <= 0
+    # Only the first segment needs (and, without a first-same-as-last
+    # state, counts) the evaluation of f(y).
+    extra = 0 if from_fsal else 1
+
+    def scaled(x):
+        return rms_norm(
+            jtu.tree_map(
+                lambda xi, yi: xi / (ctrl.atol + ctrl.rtol * jnp.abs(yi)), x, y
+            )
+        )
+
+    def guess():
+        f0 = fstate if from_fsal else vf(a, y, args, u)
+        d0, d1 = scaled(y), scaled(f0)
+        h0 = jnp.where((d0 < 1e-5) | (d1 < 1e-5), 1e-6, 0.01 * d0 / d1)
+        h0 = jnp.where(jnp.isfinite(h0), h0, b - a).astype(a.dtype)
+        return jnp.minimum(h0, b - a)
+
+    # A `cond`, not a `where`: the two norms over the state are needed by
+    # the first segment only, and a `where` would compute them in every
+    # segment.
+    dt_first = lax.cond(first, guess, lambda: jnp.asarray(dt, a.dtype))
+    return dt_first, jnp.where(first, extra, 0).astype(jnp.int32)

@@ -197,10 +197,12 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
     backward solve), and the cotangent goes on as NaN if any of it is
     non-zero (the loss used a failed state: its gradient is NaN, like the
     loss), else as zero (the loss used only states before the failure: its
-    gradient is exact). Pulling the
-    failed segment back would replay every step the forward pass took before
-    it stopped, in chunks of the adjoint's buffer: measured 4.8-5.8 s for the
-    gradient of a 30 ms solve stopped at `max_steps=4096`.
+    gradient is exact). Pulling the failed segment back would replay every
+    step the forward pass took before it stopped (up to `max_steps`), in
+    chunks of the adjoint's buffer, for nothing.
+
+    Cost: one `adjoint.segment_backward` per live segment; memory: the
+    cotangents of the state and of the differentiated leaves.
     """
     grid = ctx.grid
     bounds = jnp.asarray(grid.bounds, ctx.dtype)
@@ -220,7 +222,8 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
         dead = (fwd_fail[0] != Result.SUCCESSFUL) & (k >= fwd_fail[1])
 
         def pull_back():
-            out = adjoint.segment_backward(
+            return _pull_back_segment(
+                adjoint,
                 ctx,
                 k,
                 bounds[k],
@@ -236,47 +239,14 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
                 # the checkpoint adjoint still replays nothing: no steps.
                 jnp.where(dead, 0, n_acc[k]),
             )
-            # in the types `skip` builds from the inputs, so that the segment
-            # backward is traced once (not also for its output shapes)
-            adj, g_a, g_u = out[:3]
-            adj = jtu.tree_map(lambda g, x: g.astype(x.dtype), adj, adj_y_in)
-            g_a = [g.astype(x.dtype) for g, x in zip(g_a, a_p, strict=True)]
-            g_u = [g.astype(x.dtype) for g, x in zip(g_u, up, strict=True)]
-            if not can_fail:
-                return adj, g_a, g_u
-            code, t_stop = out[3]
-            return adj, g_a, g_u, (code.astype(jnp.int32), t_stop.astype(ctx.dtype))
 
         def skip():
-            # The cotangent goes on as NaN if the loss used a failed state,
-            # else as zero; no backward failure is reported.
-            fill = jnp.where(tree_all_zero(adj_y_in), 0.0, jnp.nan)
-
-            def like(x):
-                return jnp.full(jnp.shape(x), fill, jnp.result_type(x))
-
-            out = (
-                jtu.tree_map(like, adj_y_in),
-                [like(x) for x in a_p],
-                [like(x) for x in up],
-            )
-            if not can_fail:
-                return out
-            return (*out, (jnp.zeros((), jnp.int32), jnp.zeros((), ctx.dtype)))
+            return _skip_segment(adj_y_in, a_p, up, can_fail, ctx.dtype)
 
         out = lax.cond(dead, skip, pull_back)
         adj_y, g_a, g_u = out[:3]
         if can_fail:
-            code, t_stop = out[3]
-            # A cotangent that arrives non-finite (a NaN loss, say) is not the
-            # backward pass's failure: its gradient is NaN, nothing is raised.
-            code = jnp.where(tree_all_finite(adj_y_in), code, 0)
-            first = (fail[0] == 0) & (code != 0)
-            fail = (
-                jnp.where(first, code, fail[0]),
-                jnp.where(first, k, fail[1]),
-                jnp.where(first, t_stop.astype(fail[2].dtype), fail[2]),
-            )
+            fail = _first_failure(fail, out[3], adj_y_in, k)
         adj_a = [x + g.astype(x.dtype) for x, g in zip(adj_a, g_a, strict=True)]
         adj_v = [
             x.at[idx].add(g.astype(x.dtype)) for x, g in zip(adj_v, g_u, strict=True)
@@ -294,3 +264,54 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
     xs = (jnp.arange(n_seg, dtype=jnp.int32), jnp.asarray(grid.input_index))
     (adj_y, adj_a, adj_v, fail), _ = lax.scan(body, init, xs, reverse=True)
     return adj_y, adj_a, adj_v, fail
+
+
+def _pull_back_segment(adjoint, ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, t_k, n):
+    """`adjoint.segment_backward` through segment `k`, its cotangents cast
+    to the types of its inputs (those [`_skip_segment`][] builds), with
+    `(code, t)` of its failure last where the adjoint can fail."""
+    out = adjoint.segment_backward(ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, t_k, n)
+    # Cast to the types `_skip_segment` builds from the inputs, so that the
+    # segment backward is traced once (not also for its output shapes).
+    adj, g_a, g_u = out[:3]
+    adj = jtu.tree_map(lambda g, x: g.astype(x.dtype), adj, adj_y)
+    g_a = [g.astype(x.dtype) for g, x in zip(g_a, a_p, strict=True)]
+    g_u = [g.astype(x.dtype) for g, x in zip(g_u, up, strict=True)]
+    if not adjoint.backward_can_fail:
+        return adj, g_a, g_u
+    code, t_stop = out[3]
+    return adj, g_a, g_u, (code.astype(jnp.int32), t_stop.astype(ctx.dtype))
+
+
+def _skip_segment(adj_y, a_p, up, can_fail, dtype):
+    """What a segment at or after the forward failure passes back: the
+    cotangent goes on as NaN if the loss used a failed state (a non-zero
+    `adj_y`), else as zero; no backward failure is reported."""
+    fill = jnp.where(tree_all_zero(adj_y), 0.0, jnp.nan)
+
+    def like(x):
+        return jnp.full(jnp.shape(x), fill, jnp.result_type(x))
+
+    out = (
+        jtu.tree_map(like, adj_y),
+        [like(x) for x in a_p],
+        [like(x) for x in up],
+    )
+    if not can_fail:
+        return out
+    return (*out, (jnp.zeros((), jnp.int32), jnp.zeros((), dtype)))
+
+
+def _first_failure(fail, seg_fail, adj_y_in, k):
+    """`fail = (code, segment, t)` of the backward pass's first failure,
+    updated with segment `k`'s `seg_fail = (code, t)`."""
+    code, t_stop = seg_fail
+    # A cotangent that arrives non-finite (a NaN loss, say) is not the
+    # backward pass's failure: its gradient is NaN, nothing is raised.
+    code = jnp.where(tree_all_finite(adj_y_in), code, 0)
+    first = (fail[0] == 0) & (code != 0)
+    return (
+        jnp.where(first, code, fail[0]),
+        jnp.where(first, k, fail[1]),
+        jnp.where(first, t_stop.astype(fail[2].dtype), fail[2]),
+    )

@@ -39,14 +39,9 @@ class CheckpointAdjoint(AbstractAdjoint):
     step) and back-propagated, both unrolled at trace time (`unroll_first`).
     With `keep_first` (adaptive explicit Runge-Kutta solvers) the forward pass
     keeps those stage states instead, at `O(n_segments * stages * |y|)`
-    memory: 26 MB on the float32 reference problem (280 patches, 238
-    segments), where the compiled gradient's temporary memory grows from 28
-    to 53 MB. That turned out slower than recomputing: writing and re-reading
-    the buffer, and fresh pages for a temporary arena above glibc's 32 MB
-    mmap threshold on every call, cost more than the five vector-field
-    evaluations per segment it saves (measured interleaved in one process:
-    70 ms recomputing, 102 ms kept, 124 ms with `unroll_first=False`; the
-    gradients agree bit for bit).
+    memory, which spares one forward step per segment but writes and re-reads
+    that buffer; it is usually slower than recomputing, and gives the same
+    gradient bit for bit (measurements: `epifit/ode/README.md`).
 
     Args:
         buffer: the number of step states held per chunk in the backward pass.
@@ -83,94 +78,25 @@ class CheckpointAdjoint(AbstractAdjoint):
         )
 
     def segment_backward(self, ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, times_k, n):
+        """The pull-back through segment `k`'s `n` accepted steps (see the
+        class docstring): one step's VJP without replay where `n == 1` and
+        the solver is an explicit Runge-Kutta method, else
+        [`_pull_back_in_chunks`][]."""
         solver = ctx.integ.solver
-        B = self.buffer
         if isinstance(times_k, tuple):  # the forward pass kept the first step
             times_k, stages0 = times_k
         else:
             stages0 = None
-
-        def step(y, ap, up_, t0, t1):
-            return solver.fresh_step(
-                ctx.integ.vf, t0, t1, y, ctx.args(ap), ctx.inputs(u_l, up_)
-            )
-
-        def t_of(i):
-            return jnp.where(i == 0, a, times_k[jnp.maximum(i - 1, 0)])
-
         erk = isinstance(solver, AbstractERK)
-
-        def f(t, y, th):
-            return ctx.vf(t, y, th[0], th[1], u_l)
-
-        def fwd_step(i, y):
-            """The state after step `i`, and what its pull-back needs: the stage
-            states of a Runge-Kutta step, else the state before it."""
-            if erk:
-                return solver.loop_step(f, t_of(i), times_k[i], y, (a_p, up))
-            return step(y, a_p, up, t_of(i), times_k[i]), y
-
-        def pull_back(i, kept, adj_y, unroll=False, y0=None):
-            t0, t1 = t_of(i), times_k[i]
-            if erk:
-                dy, (dap, dup) = solver.step_vjp(
-                    f, t0, t1, y0, (a_p, up), adj_y, stage_states=kept, unroll=unroll
-                )
-                return dy, dap, dup
-            _, vjp = jax.vjp(lambda y, ap, up_: step(y, ap, up_, t0, t1), kept, a_p, up)
-            return vjp(adj_y)
-
+        fwd_step, pull_back = _step_and_pull_back(ctx, a, times_k, a_p, u_l, up, erk)
+        B = self.buffer
         _, kept0 = jax.eval_shape(fwd_step, 0, y_a)
         n_chunks = (n + B - 1) // B
 
-        def chunk(carry):
-            c, adj_y, g_a, g_u = carry
-            start = c * B
-            m = jnp.minimum(B, n - start)
-            buf = jtu.tree_map(lambda x: jnp.zeros((B, *x.shape), x.dtype), kept0)
-
-            # One replay loop from the segment start; what this chunk's steps
-            # need for their pull-backs is kept (one copy of the step compiled).
-            def replay(i, st):
-                y, buf = st
-                y1, kept = fwd_step(i, y)
-                j = jnp.clip(i - start, 0, B - 1)
-                keep = i >= start
-                buf = jtu.tree_map(
-                    lambda b_, x: lax.dynamic_update_index_in_dim(
-                        b_,
-                        jnp.where(keep, x, lax.dynamic_index_in_dim(b_, j, 0, False)),
-                        j,
-                        0,
-                    ),
-                    buf,
-                    kept,
-                )
-                return y1, buf
-
-            _, buf = lax.fori_loop(0, start + m, replay, (y_a, buf))
-
-            def back(jj, st):
-                adj_y, g_a, g_u = st
-                j = m - 1 - jj
-                kept = jtu.tree_map(lambda b_: b_[j], buf)
-                dy, dap, dup = pull_back(start + j, kept, adj_y)
-                g_a = [g + d for g, d in zip(g_a, dap, strict=True)]
-                g_u = [g + d for g, d in zip(g_u, dup, strict=True)]
-                return dy, g_a, g_u
-
-            adj_y, g_a, g_u = lax.fori_loop(0, m, back, (adj_y, g_a, g_u))
-            return c - 1, adj_y, g_a, g_u
-
         def chunked(adj_y):
-            zeros_ap = [jnp.zeros_like(x) for x in a_p]
-            zeros_up = [jnp.zeros_like(x) for x in up]
-            _, adj_y, g_a, g_u = lax.while_loop(
-                lambda carry: carry[0] >= 0,
-                chunk,
-                (n_chunks - 1, adj_y, zeros_ap, zeros_up),
+            return _pull_back_in_chunks(
+                fwd_step, pull_back, kept0, y_a, adj_y, a_p, up, n, n_chunks, B
             )
-            return adj_y, g_a, g_u
 
         if not erk:
             return chunked(adj_y)
@@ -185,3 +111,103 @@ class CheckpointAdjoint(AbstractAdjoint):
             return dy, list(dap), list(dup)
 
         return lax.cond(n == 1, one_step, chunked, adj_y)
+
+
+def _step_and_pull_back(ctx, a, times_k, a_p, u_l, up, erk):
+    """`(fwd_step, pull_back)` for the accepted steps of a segment starting at
+    `a` with step end times `times_k`.
+
+    `fwd_step(i, y)` is the state after step `i` and what its pull-back needs
+    (`kept`): the stage states of a Runge-Kutta step (a run-time loop over the
+    stages), else the state before it. `pull_back(i, kept, adj_y, unroll=False,
+    y0=None)` is `(adj_y before step i, grad of a_p, grad of up)`.
+    """
+    solver = ctx.integ.solver
+
+    def step(y, ap, up_, t0, t1):
+        return solver.fresh_step(
+            ctx.integ.vf, t0, t1, y, ctx.args(ap), ctx.inputs(u_l, up_)
+        )
+
+    def t_of(i):
+        return jnp.where(i == 0, a, times_k[jnp.maximum(i - 1, 0)])
+
+    def f(t, y, th):
+        return ctx.vf(t, y, th[0], th[1], u_l)
+
+    def fwd_step(i, y):
+        if erk:
+            return solver.loop_step(f, t_of(i), times_k[i], y, (a_p, up))
+        return step(y, a_p, up, t_of(i), times_k[i]), y
+
+    def pull_back(i, kept, adj_y, unroll=False, y0=None):
+        t0, t1 = t_of(i), times_k[i]
+        if erk:
+            dy, (dap, dup) = solver.step_vjp(
+                f, t0, t1, y0, (a_p, up), adj_y, stage_states=kept, unroll=unroll
+            )
+            return dy, dap, dup
+        _, vjp = jax.vjp(lambda y, ap, up_: step(y, ap, up_, t0, t1), kept, a_p, up)
+        return vjp(adj_y)
+
+    return fwd_step, pull_back
+
+
+def _pull_back_in_chunks(
+    fwd_step, pull_back, kept0, y_a, adj_y, a_p, up, n, n_chunks, buffer
+):
+    """The pull-back through `n` steps from `y_a`, the last chunk of `buffer`
+    steps first: each chunk replays the steps from the segment start, keeps
+    its own steps' `kept` (shaped like `kept0`) in a buffer, and pulls them
+    back in reverse. Returns `(adj_y at the segment start, grad of a_p, grad
+    of up)`. Cost: `n_chunks` replays of up to `n` steps, and `n` step VJPs;
+    memory: `buffer` copies of `kept0`."""
+    B = buffer
+
+    def chunk(carry):
+        c, adj_y, g_a, g_u = carry
+        start = c * B
+        m = jnp.minimum(B, n - start)
+        buf = jtu.tree_map(lambda x: jnp.zeros((B, *x.shape), x.dtype), kept0)
+
+        # One replay loop from the segment start; what this chunk's steps
+        # need for their pull-backs is kept (one copy of the step compiled).
+        def replay(i, st):
+            y, buf = st
+            y1, kept = fwd_step(i, y)
+            j = jnp.clip(i - start, 0, B - 1)
+            keep = i >= start
+            buf = jtu.tree_map(
+                lambda b_, x: lax.dynamic_update_index_in_dim(
+                    b_,
+                    jnp.where(keep, x, lax.dynamic_index_in_dim(b_, j, 0, False)),
+                    j,
+                    0,
+                ),
+                buf,
+                kept,
+            )
+            return y1, buf
+
+        _, buf = lax.fori_loop(0, start + m, replay, (y_a, buf))
+
+        def back(jj, st):
+            adj_y, g_a, g_u = st
+            j = m - 1 - jj
+            kept = jtu.tree_map(lambda b_: b_[j], buf)
+            dy, dap, dup = pull_back(start + j, kept, adj_y)
+            g_a = [g + d for g, d in zip(g_a, dap, strict=True)]
+            g_u = [g + d for g, d in zip(g_u, dup, strict=True)]
+            return dy, g_a, g_u
+
+        adj_y, g_a, g_u = lax.fori_loop(0, m, back, (adj_y, g_a, g_u))
+        return c - 1, adj_y, g_a, g_u
+
+    zeros_ap = [jnp.zeros_like(x) for x in a_p]
+    zeros_up = [jnp.zeros_like(x) for x in up]
+    _, adj_y, g_a, g_u = lax.while_loop(
+        lambda carry: carry[0] >= 0,
+        chunk,
+        (n_chunks - 1, adj_y, zeros_ap, zeros_up),
+    )
+    return adj_y, g_a, g_u

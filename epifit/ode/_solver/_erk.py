@@ -139,8 +139,8 @@ class AbstractERK(AbstractSolver):
             Yi = y0 + h * jnp.tensordot(A[i], K, axes=1)
             Ki = f(t0 + c[i] * h, Yi, theta)
             # dynamic_update_index_in_dim writes one row in place; `.at[i].set`
-            # lowers to a scatter that XLA CPU turned into a select over the
-            # row fused with the vector field (2x its cost; measured).
+            # lowers to a scatter that XLA CPU turns into a select over the
+            # row fused with the vector field (see `epifit/ode/README.md`).
             return (
                 lax.dynamic_update_index_in_dim(K, Ki, i, 0),
                 lax.dynamic_update_index_in_dim(Ys, Yi, i, 0),
@@ -178,10 +178,8 @@ class AbstractERK(AbstractSolver):
         With `unroll`, the stages are unrolled at trace time instead: one copy
         of the vector field's VJP per stage in the compiled program, no stage
         buffer and no dynamic indexing (and, without `stage_states`, the
-        stages are recomputed from `y0` unrolled too). Measured on the
-        reference gradient, interleaved in one process, with
-        `CheckpointAdjoint`'s one-step segments recomputed and pulled back
-        unrolled: 67-70 ms median against 110-124 ms with the loops.
+        stages are recomputed from `y0` unrolled too): faster to run, slower
+        to compile (measurements: `epifit/ode/README.md`).
 
         Returns:
             `(ct_y0, ct_theta)`.

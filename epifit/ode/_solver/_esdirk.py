@@ -81,6 +81,14 @@ class AbstractESDIRK(AbstractImplicitSolver):
         return None, 0
 
     def step(self, vf, t0, t1, y0, args, u, state):
+        """One step; `state` is unused (`None`).
+
+        Cost: `n` evaluations for the Jacobian (`jax.jacfwd`, counted as `n`),
+        one for `k_0`, one per Newton iteration; one `O(n^3)` LU factorisation
+        and an `O(n^2)` solve per Newton iteration, with the flattened state's
+        size `n`. Memory: the `(n, n)` Jacobian and the `(stages, n)` stage
+        derivatives.
+        """
         del state
         tab = self.tableau
         dt = jnp.asarray(t1 - t0)
@@ -88,73 +96,15 @@ class AbstractESDIRK(AbstractImplicitSolver):
         y0_flat, unravel = ravel_pytree(y0)
         n = y0_flat.size
         dtype = y0_flat.dtype
-        eps = jnp.finfo(dtype).eps
-        rtol = _DEFAULT_RTOL if self.newton_rtol is None else self.newton_rtol
-        atol = _DEFAULT_ATOL if self.newton_atol is None else self.newton_atol
-        # Below ~1e3 eps the increments are rounding noise: never ask for more.
-        rtol = max(rtol, 1e3 * float(jnp.finfo(dtype).eps))
-        kappa, max_steps = self.newton_kappa, self.newton_max_steps
-
-        # The Jacobian only steers the Newton iteration (the converged stages do
-        # not depend on it), so it is a constant for differentiation.
-        t0_c, y0_c, args_c, u_c, gdt_c = lax.stop_gradient((t0, y0_flat, args, u, gdt))
-
-        def flat_vf(y_flat):
-            return ravel_pytree(vf(t0_c, unravel(y_flat), args_c, u_c))[0]
-
-        jac = jax.jacfwd(flat_vf)(y0_c).astype(dtype)
-        lu = jsl.lu_factor(jnp.eye(n, dtype=dtype) - gdt_c.astype(dtype) * jac)
-
-        def newton(residual, z_guess):
-            z0 = ravel_pytree(z_guess)[0]
-
-            def cond(c):
-                i, _, _, conv, fail = c
-                return (i < max_steps) & ~conv & ~fail
-
-            def body(c):
-                i, z, dn_prev, _, _ = c
-                r = ravel_pytree(residual(unravel(z)))[0]
-                dz = -jsl.lu_solve(lu, r)
-                z = z + dz
-                dn = _rms(dz / (atol + rtol * jnp.abs(z)))
-                # Convergence rate and Hairer-Wanner's estimate of the remaining
-                # error, eta * |dz| (IV.8.14); the first iteration has no rate.
-                theta = dn / jnp.maximum(dn_prev, jnp.finfo(dtype).tiny)
-                eta = jnp.where(i == 0, 1.0, theta / jnp.maximum(1.0 - theta, eps))
-                conv = ((i == 0) | (theta < 1.0)) & (eta * dn <= kappa)
-                conv = conv | (dn <= 1e-2 * kappa)
-                fail = ~jnp.isfinite(dn) | ((i > 0) & (theta >= 1.0) & ~conv)
-                return i + 1, z, dn, conv, fail
-
-            init = (
-                jnp.zeros((), jnp.int32),
-                z0,
-                jnp.asarray(jnp.inf, dtype),
-                jnp.asarray(False),
-                jnp.asarray(False),
-            )
-            n_iter, z, _, conv, _ = lax.while_loop(cond, body, init)
-            # Floating aux: custom_root's JVP gives integer aux a non-float0
-            # tangent, which JAX then rejects.
-            return unravel(z), jnp.stack([conv, n_iter]).astype(dtype)
-
-        def tangent_solve(g, y):
-            # The exact linearisation at the root (only used when differentiating).
-            y_flat, unr = ravel_pytree(y)
-            mat = jax.jacfwd(lambda x: ravel_pytree(g(unr(x)))[0])(
-                jnp.zeros_like(y_flat)
-            )
-            return unr(jnp.linalg.solve(mat, y_flat))
-
+        rtol, atol = self._newton_tolerances(dtype)
+        lu = _jacobian_lu(vf, t0, y0_flat, unravel, args, u, gdt, dtype)
+        newton = _newton_solver(
+            unravel, lu, rtol, atol, self.newton_kappa, self.newton_max_steps, dtype
+        )
         # One scan over the implicit stages (see the module docstring): XLA
         # compile time, not run time, is the scarce resource on CPU.
-        n_stages = len(tab.c) + 1
-        a_mat = np.zeros((n_stages - 1, n_stages))
-        p_mat = np.zeros((n_stages - 1, n_stages))
-        for i, (ai, pi) in enumerate(zip(tab.a, tab.predictor, strict=True)):
-            a_mat[i, : len(ai)] = ai
-            p_mat[i, : len(pi)] = pi
+        a_mat, p_mat = _stage_matrices(tab)
+        n_stages = a_mat.shape[1]
         k0 = ravel_pytree(vf(t0, y0, args, u))[0]
         ks = jnp.zeros((n_stages, n), dtype).at[0].set(k0)
 
@@ -171,7 +121,7 @@ class AbstractESDIRK(AbstractImplicitSolver):
                 )
 
             z, aux = lax.custom_root(
-                residual, unravel(guess), newton, tangent_solve, has_aux=True
+                residual, unravel(guess), newton, _tangent_solve, has_aux=True
             )
             z = ravel_pytree(z)[0]
             ks = ks.at[i].set((z - psi) / gdt)
@@ -192,6 +142,93 @@ class AbstractESDIRK(AbstractImplicitSolver):
         # estimate infinite, so the step-size controller rejects and shrinks it.
         y_error = unravel(jnp.where(converged, zs[-1] - zs[-2], jnp.inf))
         return y1, y_error, None, n_evals
+
+    def _newton_tolerances(self, dtype):
+        """`(rtol, atol)` of the Newton iteration, as Python floats."""
+        rtol = _DEFAULT_RTOL if self.newton_rtol is None else self.newton_rtol
+        atol = _DEFAULT_ATOL if self.newton_atol is None else self.newton_atol
+        # Below ~1e3 eps the increments are rounding noise: never ask for more.
+        rtol = max(rtol, 1e3 * float(jnp.finfo(dtype).eps))
+        return rtol, atol
+
+
+def _jacobian_lu(vf, t0, y0_flat, unravel, args, u, gdt, dtype):
+    """The LU factors of `I - dt gamma J`, `J = df/dy (t0, y0)` on the
+    flattened state (`n` forward-mode evaluations, one factorisation)."""
+    # The Jacobian only steers the Newton iteration (the converged stages do
+    # not depend on it), so it is a constant for differentiation.
+    t0_c, y0_c, args_c, u_c, gdt_c = lax.stop_gradient((t0, y0_flat, args, u, gdt))
+
+    def flat_vf(y_flat):
+        return ravel_pytree(vf(t0_c, unravel(y_flat), args_c, u_c))[0]
+
+    jac = jax.jacfwd(flat_vf)(y0_c).astype(dtype)
+    n = y0_flat.size
+    return jsl.lu_factor(jnp.eye(n, dtype=dtype) - gdt_c.astype(dtype) * jac)
+
+
+def _newton_solver(unravel, lu, rtol, atol, kappa, max_steps, dtype):
+    """The forward solve of a stage's `lax.custom_root`: a simplified Newton
+    iteration with the LU factors `lu`, at most `max_steps` iterations, each
+    one evaluation of the residual and one LU solve. Returns the stage and,
+    as floating aux, `(converged, iterations)`."""
+    eps = jnp.finfo(dtype).eps
+
+    def newton(residual, z_guess):
+        z0 = ravel_pytree(z_guess)[0]
+
+        def cond(c):
+            i, _, _, conv, fail = c
+            return (i < max_steps) & ~conv & ~fail
+
+        def body(c):
+            i, z, dn_prev, _, _ = c
+            r = ravel_pytree(residual(unravel(z)))[0]
+            dz = -jsl.lu_solve(lu, r)
+            z = z + dz
+            dn = _rms(dz / (atol + rtol * jnp.abs(z)))
+            # Convergence rate and Hairer-Wanner's estimate of the remaining
+            # error, eta * |dz| (IV.8.14); the first iteration has no rate.
+            theta = dn / jnp.maximum(dn_prev, jnp.finfo(dtype).tiny)
+            eta = jnp.where(i == 0, 1.0, theta / jnp.maximum(1.0 - theta, eps))
+            conv = ((i == 0) | (theta < 1.0)) & (eta * dn <= kappa)
+            conv = conv | (dn <= 1e-2 * kappa)
+            fail = ~jnp.isfinite(dn) | ((i > 0) & (theta >= 1.0) & ~conv)
+            return i + 1, z, dn, conv, fail
+
+        init = (
+            jnp.zeros((), jnp.int32),
+            z0,
+            jnp.asarray(jnp.inf, dtype),
+            jnp.asarray(False),
+            jnp.asarray(False),
+        )
+        n_iter, z, _, conv, _ = lax.while_loop(cond, body, init)
+        # Floating aux: custom_root's JVP gives integer aux a non-float0
+        # tangent, which JAX then rejects.
+        return unravel(z), jnp.stack([conv, n_iter]).astype(dtype)
+
+    return newton
+
+
+def _tangent_solve(g, y):
+    """The linear solve of a stage's `lax.custom_root`: the exact
+    linearisation at the root (only used when differentiating)."""
+    y_flat, unr = ravel_pytree(y)
+    mat = jax.jacfwd(lambda x: ravel_pytree(g(unr(x)))[0])(jnp.zeros_like(y_flat))
+    return unr(jnp.linalg.solve(mat, y_flat))
+
+
+def _stage_matrices(tab):
+    """The implicit stages' coefficients and predictors as zero-padded
+    `(stages - 1, stages)` NumPy arrays, one row per scanned stage."""
+    n_stages = len(tab.c) + 1
+    a_mat = np.zeros((n_stages - 1, n_stages))
+    p_mat = np.zeros((n_stages - 1, n_stages))
+    for i, (ai, pi) in enumerate(zip(tab.a, tab.predictor, strict=True)):
+        a_mat[i, : len(ai)] = ai
+        p_mat[i, : len(pi)] = pi
+    return a_mat, p_mat
 
 
 # Newton tolerances when no adaptive step-size controller supplies them.

@@ -17,12 +17,8 @@ class Bosh3(AbstractAdaptiveERK):
     Also the cheaper choice where the inputs' break times or the save times,
     not the tolerance, bound the steps: with daily covariates every segment
     takes one step whatever the solver, and Bosh3's step costs three new
-    vector-field evaluations against Tsit5's six. Measured on the reference
-    metapopulation problem (280 patches, 120 days, half-day segments, rtol
-    1e-3, float32; `benchmarks/forward.py`, `benchmarks/gradient.py`): loss
-    17 ms against 23 ms, gradient 34 ms against 59 ms, relative errors against
-    a float64 reference 8.7e-7 (loss) and 1.7e-4 (gradient) against 2.1e-7
-    and 4.4e-6.
+    vector-field evaluations against Tsit5's six, at a lower accuracy (third
+    order against fifth; measurements: `epifit/ode/README.md`).
 
     ??? cite "Reference"
 
