@@ -10,7 +10,8 @@ from epifit.fitting._config import FitConfig as FitConfig
 from epifit.fitting._config import FitConfigError as FitConfigError
 from epifit.fitting._config import load_fit_config as load_fit_config
 from epifit.fitting._config import parse_fit_config as parse_fit_config
-from epifit.fitting._objective import make_objective as make_objective
+from epifit.fitting._objective import Objective as Objective
+from epifit.fitting._parameters import FreeParameters as FreeParameters
 from epifit.fitting._parameters import LogNormal as LogNormal
 from epifit.fitting._parameters import Normal as Normal
 from epifit.fitting._parameters import leaf_labels as leaf_labels

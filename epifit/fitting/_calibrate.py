@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from epifit.fitting._audit import default_adjoints
+from epifit.data import Gaussian
 from epifit.fitting._checkpoint import (
     CheckpointError,
     checkpoint_phase,
@@ -37,7 +37,8 @@ from epifit.fitting._config import (
     parse_fit_config,
     parse_phases,
 )
-from epifit.fitting._loss import FitObjective
+from epifit.fitting._methods import AbstractLeastSquaresMethod, make_method
+from epifit.fitting._objective import Objective
 from epifit.fitting._optimize import (
     GRADIENT,
     LOSS,
@@ -47,6 +48,7 @@ from epifit.fitting._optimize import (
     Optimizer,
 )
 from epifit.fitting._parameters import (
+    AbstractGaussianPrior,
     FreeParameters,
     apply_overrides,
     constrained_dict,
@@ -58,17 +60,10 @@ from epifit.fitting._progress import ProgressBar, progress_enabled
 from epifit.fitting._result import FitResult, library_versions
 from epifit.fitting._uncertainty import laplace, parameter_table
 from epifit.ode import AbstractAdjoint, AbstractSolver
-from epifit.simulation import Problem, trajectory_dataset
+from epifit.simulation import Problem, SolverSettings, trajectory_dataset
 
 __all__ = ["calibrate", "default_phases"]
 
-_SOLVERS = {
-    "tsit5": "Tsit5",
-    "dopri5": "Dopri5",
-    "bosh3": "Bosh3",
-    "kvaerno3": "Kvaerno3",
-    "kvaerno5": "Kvaerno5",
-}
 # few enough free parameters for a forward-sensitivity Jacobian per iteration
 LM_MAX_PARAMETERS = 20
 # above this many free parameters `uncertainty="auto"` skips the Laplace
@@ -76,7 +71,7 @@ LM_MAX_PARAMETERS = 20
 LAPLACE_AUTO_MAX = 300
 
 
-def default_phases(objective: FitObjective) -> tuple[PhaseConfig, ...]:
+def default_phases(objective: Objective) -> tuple[PhaseConfig, ...]:
     """Levenberg-Marquardt for least squares with few parameters; otherwise
     Adam (200 iterations, learning rate 0.05) then L-BFGS (1000)."""
     if objective.least_squares and objective.free.n <= LM_MAX_PARAMETERS:
@@ -99,20 +94,6 @@ def _fit_config(fit) -> FitConfig:
     raise TypeError(
         f"fit must be a FIT.toml path, a dict or a FitConfig; got {type(fit).__name__}."
     )
-
-
-def _solver(name_or_solver):
-    if name_or_solver is None or isinstance(name_or_solver, AbstractSolver):
-        return name_or_solver
-    import epifit.ode as ode
-
-    return getattr(ode, _SOLVERS[name_or_solver])()
-
-
-def _adjoint(name_or_adjoint):
-    if name_or_adjoint is None or isinstance(name_or_adjoint, AbstractAdjoint):
-        return name_or_adjoint
-    return default_adjoints()[name_or_adjoint]
 
 
 def calibrate(
@@ -252,21 +233,19 @@ def calibrate(
         raise FitConfigError(
             "every parameter is fixed; nothing to fit", file=config.source
         )
-    adj = _adjoint(adjoint if adjoint is not None else config.adjoint)
-    objective = FitObjective(
-        problem,
-        free,
-        solver=_solver(solver if solver is not None else config.solver),
-        adjoint=adj,
-        rtol=config.rtol or 1e-6,
-        atol=config.atol or 1e-9,
-        max_steps=config.max_steps or 4096,
+    solver_settings = SolverSettings.of(
+        None,
+        solver=solver if solver is not None else config.solver,
+        adjoint=adjoint if adjoint is not None else config.adjoint,
+        rtol=config.rtol,
+        atol=config.atol,
+        max_steps=config.max_steps,
     )
+    objective = Objective(problem, free, solver_settings)
     phases = config.phases or default_phases(objective)
-    least_squares_methods = ("levenberg_marquardt", "gauss_newton")
     if not objective.least_squares:
         for p in phases:
-            if p.method in least_squares_methods:
+            if isinstance(make_method(p), AbstractLeastSquaresMethod):
                 raise NotImplementedError(
                     f"Optimiser '{p.method}' needs a least-squares loss: gaussian "
                     "observations and only normal priors; this fit has "
@@ -293,6 +272,7 @@ def calibrate(
         max_retreats=config.max_retreats or 30,
         chunk_size=config.chunk_size,
     )
+    solved = solver_settings.to_dict()
     settings = {
         "phases": [p.to_dict() for p in phases],
         "tolerance": options.tolerance,
@@ -304,13 +284,7 @@ def calibrate(
         "perturbation": spread,
         "seed": seed,
         "start_redraws": redraws,
-        "rtol": objective.solve_options["rtol"],
-        "atol": objective.solve_options["atol"],
-        "max_steps": objective.solve_options["max_steps"],
-        "adjoint": type(adj).__name__ if adj is not None else "CheckpointAdjoint",
-        "solver": type(objective.solve_options["solver"]).__name__
-        if objective.solve_options["solver"] is not None
-        else "Tsit5",
+        **{k: solved[k] for k in ("rtol", "atol", "max_steps", "adjoint", "solver")},
         "dtype": str(xs.dtype),
     }
 
@@ -524,12 +498,16 @@ def finite_starts(draw, loss, data):
     return xs, redraws
 
 
-def _not_least_squares(objective: FitObjective) -> str:
-    parts = [f"'{k}' {f}" for k, f in objective.families.items() if f != "gaussian"]
+def _not_least_squares(objective: Objective) -> str:
+    parts = [
+        f"'{o.name}' {o.family}"
+        for o in objective.observations
+        if not issubclass(objective.families[o.name], Gaussian)
+    ]
     parts += [
         f"a {type(p).__name__} prior on '{k}'"
         for k, p in objective.free.priors.items()
-        if type(p).__name__ != "Normal"
+        if not isinstance(p, AbstractGaussianPrior)
     ]
     return ", ".join(parts)
 

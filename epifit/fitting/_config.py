@@ -21,6 +21,9 @@ from typing import Any
 from epifit._errors import LocatedError
 from epifit._toml import Reader, at, join
 from epifit.model import TRANSFORMS, bounds_error
+from epifit.ode import AbstractAdaptiveSolver
+from epifit.simulation import ADJOINTS as ADJOINT_CLASSES
+from epifit.simulation import SOLVERS as SOLVER_CLASSES
 
 __all__ = [
     "FitConfig",
@@ -64,8 +67,13 @@ FIRST_ORDER = ("adam", "rmsprop", "sgd")
 METHODS = (*FIRST_ORDER, "lbfgs", "levenberg_marquardt", "gauss_newton")
 ALIASES = {"lm": "levenberg_marquardt", "l-bfgs": "lbfgs", "gn": "gauss_newton"}
 SCHEDULES = ("constant", "cosine", "exponential", "warmup_cosine")
-ADJOINTS = ("checkpoint", "backsolve", "interpolating", "quadrature", "forward")
-SOLVERS = ("tsit5", "dopri5", "bosh3", "kvaerno3", "kvaerno5")
+ADJOINTS = tuple(ADJOINT_CLASSES)
+# the adaptive solvers: a fit file gives tolerances, not a step-size controller
+SOLVERS = tuple(
+    name
+    for name, cls in SOLVER_CLASSES.items()
+    if issubclass(cls, AbstractAdaptiveSolver)
+)
 UNCERTAINTY_METHODS = ("auto", "hessian", "gauss_newton", "none")
 NOISE = ("auto", "estimate", "known")
 PRIORS = ("normal", "lognormal")
