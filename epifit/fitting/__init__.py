@@ -1,4 +1,5 @@
-"""Binding models to data, simulation and calibration."""
+"""Calibration: the objective, free parameters and priors, optimisers,
+checkpoints, uncertainty and fit results (see README.md)."""
 
 from epifit.fitting._audit import AdjointAudit as AdjointAudit
 from epifit.fitting._audit import audit_adjoints as audit_adjoints

@@ -28,10 +28,10 @@ from epifit.fitting._config import (
 from epifit.fitting._methods import AbstractLeastSquaresMethod, make_method
 from epifit.fitting._objective import Objective
 from epifit.fitting._optimize import OptimizeOptions
+from epifit.fitting._overrides import apply_overrides
 from epifit.fitting._parameters import (
     AbstractGaussianPrior,
     FreeParameters,
-    apply_overrides,
     starting_params,
 )
 from epifit.simulation import Problem, SolverSettings
