@@ -20,9 +20,9 @@ import epifit.fitting
 import epifit.fitting._audit as audit_module
 from epifit.cli import main
 from epifit.fitting import audit_adjoints
-from epifit.fitting._audit import _recommend, default_adjoints
+from epifit.fitting._audit import _recommend
 from epifit.ode import CheckpointAdjoint
-from epifit.simulation import Problem
+from epifit.simulation import ADJOINTS, Problem
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = REPO / "models" / "sir.toml"
@@ -100,7 +100,7 @@ def _no_persistent_cache(monkeypatch):
 
 # ------------------------------------------------------------------ the library
 def test_records_cover_every_adjoint(audit):
-    assert [r["adjoint"] for r in audit.records] == list(default_adjoints())
+    assert [r["adjoint"] for r in audit.records] == list(ADJOINTS)
     for r in audit.records:
         assert "error" not in r, r
         assert r["n_params"] == 4 and isinstance(r["n_params"], int)
@@ -239,7 +239,7 @@ def test_a_non_finite_reference_gradient_is_an_error(problem, monkeypatch):
     so instead of recommending by NaN disagreements. (Non-finite parameters
     already stop the reference solve with a SolverError.)"""
 
-    def nan_reference(problem, params, static, rtol, atol):
+    def nan_reference(problem, params, static, settings):
         return jax.tree.map(lambda x: np.full(np.shape(x), np.nan), params)
 
     monkeypatch.setattr(audit_module, "_reference_gradient", nan_reference)
@@ -274,7 +274,7 @@ def test_cli_prints_the_table_and_json(audit, monkeypatch, capsys, tmp_path):
     assert re.match(
         r"adjoint\s+rel\. error\s+eval s\s+compile s\s+XLA temp\+out MB$", lines[0]
     )
-    for name in default_adjoints():
+    for name in ADJOINTS:
         (row,) = [ln for ln in lines if ln.startswith(name + " ")]
         assert ("<- recommended" in row) == (name == audit.recommended)
     assert f"recommended: {audit.recommended} ({audit.reason})" in lines

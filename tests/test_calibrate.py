@@ -201,3 +201,48 @@ def test_loss_matches_the_definition(fit):
     """The reported loss is the sum of squared residuals of the trajectory."""
     residual = IN_BED - fit.trajectories["predicted_in_bed"].values[:, 0]
     assert fit.loss == pytest.approx(float(np.sum(np.square(residual))), rel=1e-10)
+
+
+def test_an_optax_transformation_is_a_first_order_phase():
+    """`optimizer=optax.adam(0.05)` runs the same compiled Adam phase as
+    `{"method": "adam", "learning_rate": 0.05}` (optax.adam with the same
+    defaults): the same iterations on the same bits. A chain with gradient
+    clipping, followed by L-BFGS, runs too."""
+    import optax
+
+    settings = dict(uncertainty=False, progress=False, **FIT_TOL)
+    named = epifit.calibrate(
+        MODEL,
+        DATA,
+        optimizer={"method": "adam", "iterations": 15, "learning_rate": 0.05},
+        **settings,
+    )
+    given = epifit.calibrate(
+        MODEL,
+        DATA,
+        optimizer={"method": optax.adam(0.05), "iterations": 15},
+        **settings,
+    )
+    assert given.iterations == named.iterations == 15
+    np.testing.assert_array_equal(given.x, named.x)
+    np.testing.assert_array_equal(given.loss_history, named.loss_history)
+    assert given.settings["phases"] == [
+        {
+            "method": "optax",
+            "iterations": 15,
+            "transform": "optax.GradientTransformation",
+        }
+    ]
+    clipped = optax.chain(optax.clip_by_global_norm(1.0), optax.adam(0.05))
+    chained = epifit.calibrate(
+        MODEL,
+        DATA,
+        optimizer=[
+            {"method": clipped, "iterations": 10},
+            {"method": "lbfgs", "iterations": 50},
+        ],
+        **settings,
+    )
+    assert chained.iterations > 10
+    assert (chained.phase_history[:10] == 0).all()
+    assert chained.loss < chained.loss_history[0]

@@ -263,3 +263,42 @@ def test_multistart_resume_after_time_budget_is_exact(tmp_path):
     np.testing.assert_array_equal(res.x, ref.x)
     np.testing.assert_array_equal(res.loss_history, ref.loss_history)
     assert len(set(np.round(ref.initial_losses, 6))) == 3
+
+
+def test_an_optax_phase_resumes_exactly(tmp_path):
+    """A phase given as an optax transformation is checkpointed like Adam: a
+    fresh but equal transformation resumes the fit (its fingerprint names the
+    phase's kind, not the functions' addresses) to the same bits."""
+    import optax
+
+    settings = dict(
+        uncertainty=False, progress=False, rtol=1e-8, atol=1e-8, chunk_size=4
+    )
+
+    def phases():
+        return [{"method": optax.adam(0.05), "iterations": 12}]
+
+    ref = epifit.calibrate(MODEL, DATA, optimizer=phases(), **settings)
+    ckpt = tmp_path / "fit.ckpt.nc"
+    part = epifit.calibrate(
+        MODEL,
+        DATA,
+        optimizer=phases(),
+        checkpoint=ckpt,
+        checkpoint_every=4,
+        time_budget=1e-6,
+        **settings,
+    )
+    assert part.iterations == 4 and "time budget" in part.message
+    res = epifit.calibrate(
+        MODEL,
+        DATA,
+        optimizer=phases(),
+        checkpoint=ckpt,
+        checkpoint_every=4,
+        resume=True,
+        **settings,
+    )
+    assert res.iterations == ref.iterations == 12
+    np.testing.assert_array_equal(res.x, ref.x)
+    np.testing.assert_array_equal(res.loss_history, ref.loss_history)

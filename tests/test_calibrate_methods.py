@@ -128,6 +128,18 @@ def test_first_optimiser_matches_optax_directly():
     np.testing.assert_allclose(out["carry"].x[0], x, rtol=1e-12)
 
 
+def test_an_optax_phase_is_the_named_method():
+    """A phase given as `optax.adam(0.1)` is the phase `adam` with learning
+    rate 0.1, bit for bit (the same transformation, the same loop)."""
+    x0 = jnp.zeros((1, 3))
+    named = run({"method": "adam", "iterations": 25, "learning_rate": 0.1}, x0)
+    given = run({"method": optax.adam(0.1), "iterations": 25}, x0)
+    np.testing.assert_array_equal(given["carry"].x, named["carry"].x)
+    np.testing.assert_array_equal(
+        given["record"]["history"]["loss"][0], named["record"]["history"]["loss"][0]
+    )
+
+
 def test_iteration_cap_and_time_budget():
     slow = {"method": "adam", "iterations": 1000, "learning_rate": 1e-4}
     out = run(slow, [[0.0, 0.0, 0.0]], max_iterations=17, chunk_size=5)

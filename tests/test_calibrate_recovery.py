@@ -111,7 +111,7 @@ def test_sir_recovery_with_noise_and_multistart():
 def test_multistart_one_after_another_matches_batched(monkeypatch):
     """On CPU the starts run one after another (`default_group` is 1); the
     same fit with every start batched by `vmap` ends at the same points."""
-    import epifit.fitting._loss as loss_module
+    import epifit.fitting._objective as objective_module
 
     ds = epifit.open_dataset(REPO / "data" / "boarding_school_1978.nc")
     settings = dict(
@@ -127,7 +127,7 @@ def test_multistart_one_after_another_matches_batched(monkeypatch):
         atol=1e-8,
     )
     seq = epifit.calibrate(SIR, ds, **settings)
-    monkeypatch.setattr(loss_module, "default_group", lambda: None)
+    monkeypatch.setattr(objective_module, "default_group", lambda: None)
     batched = epifit.calibrate(SIR, ds, **settings)
     assert len(set(np.round(seq.initial_losses, 6))) == 3
     np.testing.assert_allclose(seq.initial_losses, batched.initial_losses, rtol=1e-12)

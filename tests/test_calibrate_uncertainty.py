@@ -17,10 +17,10 @@ from scipy.special import gammaln
 from scipy.stats import norm
 
 from epifit.fitting import laplace
-from epifit.fitting._loss import FitObjective
+from epifit.fitting._objective import Objective
 from epifit.fitting._parameters import FreeParameters
 from epifit.fitting._uncertainty import parameter_table
-from epifit.simulation import Problem, load_params
+from epifit.simulation import Problem, SolverSettings, load_params
 
 REPO = Path(__file__).resolve().parents[1]
 SEIR = REPO / "models" / "seir.toml"
@@ -86,7 +86,7 @@ def setup():
     problem = Problem(SEIR, ds)
     params = load_params(problem, TRUTH)
     free = FreeParameters(problem, params)
-    objective = FitObjective(problem, free, rtol=1e-11, atol=1e-9)
+    objective = Objective(problem, free, SolverSettings(rtol=1e-11, atol=1e-9))
     return objective, free
 
 

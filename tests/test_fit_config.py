@@ -146,6 +146,30 @@ def test_python_phases():
         parse_phases("newton")
 
 
+def test_python_phases_take_optax_transformations():
+    import optax
+
+    adam = optax.adam(1e-2)
+    (phase,) = parse_phases(adam)
+    assert (phase.method, phase.iterations) == ("optax", 200)
+    assert phase.option("transform") is adam
+    # a fit's settings and a checkpoint's fingerprint name its kind only
+    assert phase.to_dict() == {
+        "method": "optax",
+        "iterations": 200,
+        "transform": "optax.GradientTransformation",
+    }
+    first, second = parse_phases(
+        [{"method": adam, "iterations": 30, "tolerance": 0.0}, "lbfgs"]
+    )
+    assert (first.method, first.iterations, first.tolerance) == ("optax", 30, 0.0)
+    assert second.method == "lbfgs"
+    with pytest.raises(
+        FitConfigError, match=r"optimizer\[0\]\.learning_rate: unknown field"
+    ):
+        parse_phases([{"method": adam, "learning_rate": 0.1}])
+
+
 # -- errors that need the model (raised before anything is compiled) --------------
 @pytest.mark.parametrize(
     ("fit", "match"),

@@ -73,6 +73,27 @@ def test_poisson_matches_scipy(seed):
     )
 
 
+def test_poisson_and_negative_binomial_weights_scale_the_loss():
+    """`weight` multiplies the loss (the negative log-likelihood), as
+    Gaussian's does its sum of squares; the log-likelihood is unweighted."""
+    rng = np.random.default_rng(0)
+    predicted, observed = _counts(rng, (30, 2))
+    poisson = scipy.stats.poisson.logpmf(observed, predicted).sum()
+    phi = 3.0
+    nbinom = scipy.stats.nbinom.logpmf(observed, phi, phi / (phi + predicted)).sum()
+    for model, ll in (
+        (Poisson(weight=2.5), poisson),
+        (NegativeBinomial(phi, weight=2.5), nbinom),
+    ):
+        np.testing.assert_allclose(
+            model.loss(predicted, observed), -2.5 * ll, rtol=RTOL
+        )
+        np.testing.assert_allclose(
+            model.log_likelihood(predicted, observed), ll, rtol=RTOL
+        )
+    assert Poisson().weight == NegativeBinomial(phi).weight == 1.0
+
+
 @pytest.mark.parametrize("seed", range(5))
 def test_negative_binomial_matches_scipy(seed):
     rng = np.random.default_rng(seed)
@@ -325,6 +346,16 @@ def test_interfaces_are_abstract_or_final():
             r"NegativeBinomial\(dispersion=...\) must be > 0",
         ),
         (lambda: NegativeBinomial("big"), TypeError, r"must be a real number"),
+        (
+            lambda: Poisson(weight=0.0),
+            ValueError,
+            r"Poisson\(weight=...\) must be > 0",
+        ),
+        (
+            lambda: NegativeBinomial(1.0, weight=-1.0),
+            ValueError,
+            r"NegativeBinomial\(weight=...\) must be > 0",
+        ),
         (
             lambda: GammaDelay(0.0, 1.0, 10),
             ValueError,

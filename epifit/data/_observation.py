@@ -114,7 +114,8 @@ class Gaussian(AbstractObservationModel):
 class Poisson(AbstractObservationModel):
     """Poisson counts with mean `predicted` (which must be >= 0).
 
-    `loss` is the negative log-likelihood.
+    `loss` is the negative log-likelihood times `weight` (default 1), the
+    observation's relative weight in a fit; `log_likelihood` is unweighted.
 
     Examples:
         >>> import jax.numpy as jnp
@@ -122,6 +123,11 @@ class Poisson(AbstractObservationModel):
         >>> round(float(ll), 4)  # log P(0 | mean 2) = -2
         -2.0
     """
+
+    weight: float = 1.0
+
+    def __check_init__(self):
+        _check_positive("Poisson", "weight", self.weight)
 
     @jax.jit
     def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
@@ -131,7 +137,7 @@ class Poisson(AbstractObservationModel):
 
     @jax.jit
     def loss(self, predicted, observed, mask=None) -> Scalar:
-        return -self.log_likelihood(predicted, observed, mask)
+        return self.weight * -self.log_likelihood(predicted, observed, mask)
 
 
 class NegativeBinomial(AbstractObservationModel):
@@ -142,14 +148,19 @@ class NegativeBinomial(AbstractObservationModel):
     approaches the Poisson. In SciPy's terms this is
     `nbinom(n=dispersion, p=dispersion / (dispersion + mean))`. `dispersion` may
     be a scalar or an array broadcast against the observations, and a traced
-    (fitted) value. `loss` is the negative log-likelihood.
+    (fitted) value. `loss` is the negative log-likelihood times `weight`
+    (default 1), the observation's relative weight in a fit; `log_likelihood`
+    is unweighted.
     """
 
     dispersion: Array
+    weight: float
 
-    def __init__(self, dispersion: ArrayLike):
+    def __init__(self, dispersion: ArrayLike, *, weight: float = 1.0):
         _check_positive("NegativeBinomial", "dispersion", dispersion)
+        _check_positive("NegativeBinomial", "weight", weight)
         self.dispersion = jnp.asarray(dispersion)
+        self.weight = weight
 
     @jax.jit
     def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
@@ -167,7 +178,7 @@ class NegativeBinomial(AbstractObservationModel):
 
     @jax.jit
     def loss(self, predicted, observed, mask=None) -> Scalar:
-        return -self.log_likelihood(predicted, observed, mask)
+        return self.weight * -self.log_likelihood(predicted, observed, mask)
 
 
 def _prepare(predicted, observed, mask):

@@ -15,25 +15,12 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from epifit.fitting._objective import make_objective
-from epifit.ode import (
-    BacksolveAdjoint,
-    CheckpointAdjoint,
-    ForwardAdjoint,
-    InterpolatingAdjoint,
-    QuadratureAdjoint,
-)
-from epifit.simulation import Problem
+from epifit.fitting._objective import Objective
+from epifit.fitting._parameters import FreeParameters
+from epifit.ode import AbstractAdjoint, ForwardAdjoint
+from epifit.simulation import ADJOINTS, Problem, SolverSettings
 
-
-def default_adjoints() -> dict:
-    return {
-        "checkpoint": CheckpointAdjoint(),
-        "backsolve": BacksolveAdjoint(),
-        "interpolating": InterpolatingAdjoint(),
-        "quadrature": QuadratureAdjoint(),
-        "forward": ForwardAdjoint(),
-    }
+__all__ = ["AdjointAudit", "audit_adjoints"]
 
 
 @dataclasses.dataclass
@@ -87,8 +74,17 @@ def _xla_temp_output_mb(compiled) -> float:
         return float("nan")
 
 
-def _reference_gradient(problem: Problem, params, static, rtol: float, atol: float):
-    """The checkpoint adjoint's gradient at `rtol, atol`, always in float64.
+def _loss_of_arrays(problem: Problem, params, static, settings: SolverSettings):
+    """`loss(p, arrays)`: the objective's observation loss at the inexact
+    array leaves `p`, the other leaves (`static`) closed over."""
+    objective = Objective(
+        problem, FreeParameters(problem, eqx.combine(params, static)), settings
+    )
+    return lambda p, a: objective.params_loss(eqx.combine(p, static), a)
+
+
+def _reference_gradient(problem: Problem, params, static, settings: SolverSettings):
+    """The checkpoint adjoint's gradient at `settings`, always in float64.
 
     A float32 problem is copied with its parameters and data cast to float64
     (the data as the float32 problem holds them, so the reference solves the
@@ -103,14 +99,10 @@ def _reference_gradient(problem: Problem, params, static, rtol: float, atol: flo
     with jax.enable_x64(True):
         problem64 = copy.copy(problem)
         problem64.dtype = jnp.dtype(jnp.float64)
-        loss = make_objective(problem64, rtol=rtol, atol=atol)
-
-        def ref_loss(p, a):
-            return loss(eqx.combine(p, static), a)
-
         params64 = jtu.tree_map(to64, params)
         arrays64 = jtu.tree_map(to64, problem.arrays)
-        _, g = jax.jit(jax.value_and_grad(ref_loss))(params64, arrays64)
+        loss = _loss_of_arrays(problem64, params64, static, settings)
+        _, g = jax.jit(jax.value_and_grad(loss))(params64, arrays64)
         return jtu.tree_map(lambda x: np.asarray(x, np.float64), g)
 
 
@@ -143,28 +135,36 @@ def audit_adjoints(
     problem: Problem,
     params=None,
     *,
-    adjoints: dict | None = None,
-    rtol: float = 1e-6,
-    atol: float = 1e-9,
+    adjoints: dict[str, AbstractAdjoint] | None = None,
+    settings: SolverSettings | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
     repeats: int = 3,
     max_forward_directions: int = 400,
 ) -> AdjointAudit:
     """Compute the loss gradient with every adjoint and compare them.
 
-    The reference is the checkpoint adjoint (the exact derivative of the
-    discrete solution) at tolerances 10^4 times tighter, computed in float64
-    whatever the problem's dtype. For each adjoint the report gives its
-    relative disagreement with the reference, the median evaluation time of
-    `value_and_grad`, its lower + compile time and XLA's compile-time size of
-    the executable's temporary and output buffers (not the process's RSS); it
-    recommends the fastest adjoint whose error is within twice the checkpoint
-    adjoint's (or 1e-3).
+    The loss is the fit objective's observation loss (`Objective.params_loss`),
+    differentiated with respect to every inexact array leaf of `params`, fixed
+    ones included. The reference is the checkpoint adjoint (the exact
+    derivative of the discrete solution) at tolerances 10^4 times tighter,
+    computed in float64 whatever the problem's dtype. For each adjoint the
+    report gives its relative disagreement with the reference, the median
+    evaluation time of `value_and_grad`, its lower + compile time and XLA's
+    compile-time size of the executable's temporary and output buffers (not
+    the process's RSS); it recommends the fastest adjoint whose error is within
+    twice the checkpoint adjoint's (or 1e-3).
+
+    Cost: per adjoint one compile and `1 + repeats` evaluations of
+    `value_and_grad`; the reference one more compile and evaluation.
 
     Args:
         problem: a model bound to data (with observations).
         params: unconstrained parameters; default the model's initial values.
-        adjoints: name -> adjoint; default all five.
-        rtol, atol: the solver tolerances to audit at.
+        adjoints: name -> adjoint; default one of each in `ADJOINTS`.
+        settings: the solver settings audited (default `SolverSettings()`);
+            each audited adjoint replaces its adjoint.
+        rtol, atol: solver tolerances replacing those of `settings`.
         repeats: timed evaluations per adjoint.
         max_forward_directions: skip the forward adjoint above this many
             parameters (its cost grows with them).
@@ -180,70 +180,92 @@ def audit_adjoints(
         RuntimeError: if the reference gradient is not finite, or no
             adjoint's gradient is.
     """
+    settings = SolverSettings.of(settings, rtol=rtol, atol=atol)
     params = problem.init_params() if params is None else params
-    adjoints = default_adjoints() if adjoints is None else adjoints
-    arrays = problem.arrays
+    if adjoints is None:
+        adjoints = {name: cls() for name, cls in ADJOINTS.items()}
     # neural sub-models carry non-array leaves (activations): differentiate the
     # inexact arrays only, with the rest closed over
     params, static = eqx.partition(params, eqx.is_inexact_array)
-    n_params = ravel_pytree(params)[0].size
-
-    def with_static(loss):
-        return lambda p, a: loss(eqx.combine(p, static), a)
-
-    ref_tree = _reference_gradient(problem, params, static, rtol * 1e-4, atol * 1e-4)
-    g_ref = ravel_pytree(ref_tree)[0]
-    if not np.all(np.isfinite(g_ref)):
-        raise RuntimeError(
-            "The reference gradient (checkpoint adjoint, float64, tolerances "
-            f"rtol={rtol * 1e-4:g}, atol={atol * 1e-4:g}) is not finite at these "
-            "parameters, so no adjoint can be compared with it; check the "
-            "parameters and the loss (a solve that fails gives NaN)."
+    reference = dataclasses.replace(
+        settings, rtol=settings.rtol * 1e-4, atol=settings.atol * 1e-4, adjoint=None
+    )
+    ref_tree = _reference_gradient(problem, params, static, reference)
+    g_ref = _checked_reference(ref_tree, reference)
+    records = [
+        _audit_one(
+            name,
+            adjoint,
+            problem,
+            params,
+            static,
+            settings,
+            g_ref,
+            repeats,
+            max_forward_directions,
         )
-    ref_norm = max(np.linalg.norm(g_ref), np.finfo(np.float64).tiny)
-
-    records = []
-    for name, adjoint in adjoints.items():
-        rec = {"adjoint": name, "n_params": int(n_params)}
-        if isinstance(adjoint, ForwardAdjoint) and n_params > max_forward_directions:
-            rec["error"] = (
-                f"skipped: {n_params} parameters (> {max_forward_directions}); "
-                "forward sensitivities cost one solve per parameter"
-            )
-            records.append(rec)
-            continue
-        loss = with_static(
-            make_objective(problem, adjoint=adjoint, rtol=rtol, atol=atol)
-        )
-        try:
-            t = time.perf_counter()
-            compiled = jax.jit(jax.value_and_grad(loss)).lower(params, arrays).compile()
-            rec["compile_s"] = time.perf_counter() - t
-            value, g = jax.block_until_ready(compiled(params, arrays))
-            times = []
-            for _ in range(max(1, repeats)):
-                t = time.perf_counter()
-                jax.block_until_ready(compiled(params, arrays))
-                times.append(time.perf_counter() - t)
-        except Exception as e:  # an adjoint that fails on this model is reported
-            rec["error"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-            records.append(rec)
-            continue
-        g = np.asarray(ravel_pytree(g)[0], np.float64)
-        rec.update(
-            loss=float(value),
-            eval_s=statistics.median(times),
-            xla_temp_output_mb=_xla_temp_output_mb(compiled),
-            rel_error=float(np.linalg.norm(g - g_ref) / ref_norm),
-            finite=bool(np.all(np.isfinite(g))),
-        )
-        records.append(rec)
-
+        for name, adjoint in adjoints.items()
+    ]
     recommended, reason = _recommend(records)
     return AdjointAudit(
         records,
         recommended,
         reason,
-        f"checkpoint adjoint at rtol={rtol * 1e-4:g}, atol={atol * 1e-4:g}, float64",
+        f"checkpoint adjoint at rtol={reference.rtol:g}, atol={reference.atol:g}, "
+        "float64",
         ref_tree,
     )
+
+
+def _checked_reference(ref_tree, reference: SolverSettings) -> np.ndarray:
+    """The flat reference gradient; raises if it is not finite."""
+    g_ref = ravel_pytree(ref_tree)[0]
+    if not np.all(np.isfinite(g_ref)):
+        raise RuntimeError(
+            "The reference gradient (checkpoint adjoint, float64, tolerances "
+            f"rtol={reference.rtol:g}, atol={reference.atol:g}) is not finite at "
+            "these parameters, so no adjoint can be compared with it; check the "
+            "parameters and the loss (a solve that fails gives NaN)."
+        )
+    return g_ref
+
+
+def _audit_one(
+    name, adjoint, problem, params, static, settings, g_ref, repeats, max_forward
+) -> dict:
+    """One adjoint's record: its error against `g_ref`, timings and memory, or
+    why it was skipped or failed."""
+    n_params = int(g_ref.size)
+    rec = {"adjoint": name, "n_params": n_params}
+    if isinstance(adjoint, ForwardAdjoint) and n_params > max_forward:
+        rec["error"] = (
+            f"skipped: {n_params} parameters (> {max_forward}); "
+            "forward sensitivities cost one solve per parameter"
+        )
+        return rec
+    settings = dataclasses.replace(settings, adjoint=adjoint)
+    loss = _loss_of_arrays(problem, params, static, settings)
+    arrays = problem.arrays
+    try:
+        t = time.perf_counter()
+        compiled = jax.jit(jax.value_and_grad(loss)).lower(params, arrays).compile()
+        rec["compile_s"] = time.perf_counter() - t
+        value, g = jax.block_until_ready(compiled(params, arrays))
+        times = []
+        for _ in range(max(1, repeats)):
+            t = time.perf_counter()
+            jax.block_until_ready(compiled(params, arrays))
+            times.append(time.perf_counter() - t)
+    except Exception as e:  # an adjoint that fails on this model is reported
+        rec["error"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+        return rec
+    g = np.asarray(ravel_pytree(g)[0], np.float64)
+    ref_norm = max(np.linalg.norm(g_ref), np.finfo(np.float64).tiny)
+    rec.update(
+        loss=float(value),
+        eval_s=statistics.median(times),
+        xla_temp_output_mb=_xla_temp_output_mb(compiled),
+        rel_error=float(np.linalg.norm(g - g_ref) / ref_norm),
+        finite=bool(np.all(np.isfinite(g))),
+    )
+    return rec

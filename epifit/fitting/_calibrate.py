@@ -1,13 +1,20 @@
-"""`calibrate`: fit a model to data, with uncertainty."""
+"""`calibrate`: fit a model to data, with uncertainty.
+
+A fit is a composition of small steps: resolve the settings
+(`epifit.fitting._resolve`), draw starting points with a finite loss
+(`finite_starts`), run the phases (`Optimizer`, with checkpoints and a progress
+bar), pick the best start, solve there once more (with the Jacobian for a
+Gauss-Newton Laplace approximation), compute the uncertainty and build the
+`FitResult`.
+"""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 import time
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -18,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from epifit.fitting._audit import default_adjoints
 from epifit.fitting._checkpoint import (
     CheckpointError,
     checkpoint_phase,
@@ -27,92 +33,19 @@ from epifit.fitting._checkpoint import (
     remove_stale,
     save_checkpoint,
 )
-from epifit.fitting._config import (
-    FitConfig,
-    FitConfigError,
-    PhaseConfig,
-    known_names,
-    load_fit_config,
-    merge,
-    parse_fit_config,
-    parse_phases,
-)
-from epifit.fitting._loss import FitObjective
-from epifit.fitting._optimize import (
-    GRADIENT,
-    LOSS,
-    NONFINITE,
-    STATUS,
-    OptimizeOptions,
-    Optimizer,
-)
-from epifit.fitting._parameters import (
-    FreeParameters,
-    apply_overrides,
-    constrained_dict,
-    free_entries,
-    leaf_labels,
-    starting_params,
-)
+from epifit.fitting._config import FitConfig, PhasesLike
+from epifit.fitting._optimize import GRADIENT, LOSS, NONFINITE, STATUS, Optimizer
+from epifit.fitting._parameters import constrained_dict, free_entries, leaf_labels
 from epifit.fitting._progress import ProgressBar, progress_enabled
+from epifit.fitting._resolve import FitSetup, fit_config, resolve_fit
 from epifit.fitting._result import FitResult, library_versions
 from epifit.fitting._uncertainty import laplace, parameter_table
 from epifit.ode import AbstractAdjoint, AbstractSolver
 from epifit.simulation import Problem, trajectory_dataset
 
-__all__ = ["calibrate", "default_phases"]
+__all__ = ["MAX_REDRAWS", "calibrate", "finite_starts"]
 
-_SOLVERS = {
-    "tsit5": "Tsit5",
-    "dopri5": "Dopri5",
-    "bosh3": "Bosh3",
-    "kvaerno3": "Kvaerno3",
-    "kvaerno5": "Kvaerno5",
-}
-# few enough free parameters for a forward-sensitivity Jacobian per iteration
-LM_MAX_PARAMETERS = 20
-# above this many free parameters `uncertainty="auto"` skips the Laplace
-# approximation (a Jacobian or Hessian with one direction per parameter)
-LAPLACE_AUTO_MAX = 300
-
-
-def default_phases(objective: FitObjective) -> tuple[PhaseConfig, ...]:
-    """Levenberg-Marquardt for least squares with few parameters; otherwise
-    Adam (200 iterations, learning rate 0.05) then L-BFGS (1000)."""
-    if objective.least_squares and objective.free.n <= LM_MAX_PARAMETERS:
-        return (PhaseConfig("levenberg_marquardt", 200),)
-    return (
-        PhaseConfig("adam", 200, options=(("learning_rate", 0.05),)),
-        PhaseConfig("lbfgs", 1000),
-    )
-
-
-def _fit_config(fit) -> FitConfig:
-    if fit is None:
-        return FitConfig()
-    if isinstance(fit, FitConfig):
-        return fit
-    if isinstance(fit, str | os.PathLike):
-        return load_fit_config(fit)
-    if isinstance(fit, Mapping):
-        return parse_fit_config(fit)
-    raise TypeError(
-        f"fit must be a FIT.toml path, a dict or a FitConfig; got {type(fit).__name__}."
-    )
-
-
-def _solver(name_or_solver):
-    if name_or_solver is None or isinstance(name_or_solver, AbstractSolver):
-        return name_or_solver
-    import epifit.ode as ode
-
-    return getattr(ode, _SOLVERS[name_or_solver])()
-
-
-def _adjoint(name_or_adjoint):
-    if name_or_adjoint is None or isinstance(name_or_adjoint, AbstractAdjoint):
-        return name_or_adjoint
-    return default_adjoints()[name_or_adjoint]
+MAX_REDRAWS = 20
 
 
 def calibrate(
@@ -120,7 +53,7 @@ def calibrate(
     data=None,
     *,
     fit: str | os.PathLike | Mapping[str, Any] | FitConfig | None = None,
-    optimizer: str | Mapping[str, Any] | Sequence[Any] | None = None,
+    optimizer: PhasesLike | None = None,
     init=None,
     values: str | os.PathLike | Mapping[str, Any] | None = None,
     adjoint: AbstractAdjoint | str | None = None,
@@ -143,63 +76,31 @@ def calibrate(
     chunk_size: int | None = None,
     progress: bool | str = "auto",
 ) -> FitResult:
-    """Fit a model's free parameters to data.
+    """Fit a model's free parameters to data, with uncertainty.
 
-    Settings come from the defaults, overridden by the fit configuration
-    (`fit`, a `FIT.toml` file or the same tables as a dict), overridden by the
-    keyword arguments given here.
+    Settings come from the defaults, overridden by the fit configuration `fit`
+    (a `FIT.toml` path, the same tables as a dict, or a `FitConfig`),
+    overridden by the keyword arguments given here. A keyword named like a
+    `FIT.toml` field (`rtol`, `atol`, `max_steps`, `max_iterations`,
+    `tolerance`, `loss_tolerance`, `time_budget`, `n_starts`, `perturbation`,
+    `seed`, `level`, `checkpoint_every`, `chunk_size`; `adjoint` and `solver`,
+    also as `epifit.ode` objects) means what the field means, defaults
+    included (see `docs/calibration.md`).
 
     Args:
         model_or_problem: a [`Problem`][epifit.Problem], or a model (TOML path,
-            `ModelSpec`, `CompiledModel`) to bind to `data`.
-        data: the dataset (or netCDF path) when a model is given.
-        fit: a fit configuration: phases, tolerances, multi-start, parameter
-            overrides (value, fixed, transform, bounds, prior, l2) and
-            uncertainty settings; see `docs/calibration.md`.
-        optimizer: phases, overriding the configuration's: a method name
-            (`"lbfgs"`, `"adam"`, `"rmsprop"`, `"sgd"`, `"levenberg_marquardt"`,
-            `"gauss_newton"`), one phase dict, or a list of them, e.g.
-            `[{"method": "adam", "iterations": 200, "learning_rate": 0.05},
-            {"method": "lbfgs", "iterations": 200}]`. Default: Levenberg-
-            Marquardt for least squares with at most 20 free parameters, else
-            Adam then L-BFGS.
-        init: the starting parameters: an unconstrained parameter pytree or a
-            `FitResult` (default: the model's initial values).
-        values: constrained starting values overriding those (a mapping or a
-            TOML/JSON file of `name = value`).
-        adjoint: an `epifit.ode` adjoint or its name (default checkpoint).
-        solver: an `epifit.ode` solver or its name (default Tsit5).
-        rtol, atol: solver tolerances (default 1e-6, 1e-9).
-        max_steps: solver steps per segment (default 4096).
-        max_iterations: a cap on iterations over all phases.
-        tolerance: stop a phase when `max|gradient| <= tolerance * max(1,
-            |loss|)` (default 1e-8).
-        loss_tolerance: ... or when the relative loss change stays below it
-            for `patience` iterations (default 1e-12).
-        time_budget: seconds; checked between chunks of iterations.
-        n_starts: starting points, optimised in the same compiled calls (one
-            after another on CPU, batched by `vmap` on accelerators): the
-            initial point and `n_starts - 1` seeded perturbations of it; the
-            best final loss wins (default 1). A perturbed start whose loss is
-            not finite is drawn again, up to 20 times (the result's
-            `settings["start_redraws"]` counts them).
-        perturbation: the standard deviation of the perturbations, in
-            unconstrained coordinates (default 0.5).
-        seed: seeds the perturbations (default 0).
-        uncertainty: `True`/`"auto"` (Gauss-Newton for least squares, else the
-            Hessian), `"gauss_newton"`, `"hessian"`, or `False`/`"none"`.
-        level: the interval level (default 0.95).
-        checkpoint: a file to checkpoint the optimiser state to, atomically,
-            every `checkpoint_every` iterations (and when the time budget ends
-            the fit).
-        checkpoint_every: iterations between checkpoints (default 50 when a
-            checkpoint file is given).
-        resume: continue from `checkpoint` if it exists (same result as an
-            uninterrupted run).
-        chunk_size: iterations per compiled chunk (default adaptive, about
-            half a second each).
-        progress: show a progress bar on stderr: `True`, `False`, or `"auto"`
-            (when stderr is a terminal or a notebook).
+            `ModelSpec`, `CompiledModel`) to bind to `data` (a dataset or path).
+        optimizer: phases replacing the configuration's: a method name, an
+            `optax.GradientTransformation` (a first-order phase like Adam), a
+            phase dict, or a list of them, e.g.
+            `[optax.adam(1e-2), {"method": "lbfgs", "iterations": 50}]`.
+        init: the start: an unconstrained parameter pytree or a `FitResult`
+            (default: the model's values); `values`: constrained values on top
+            (a mapping or a TOML/JSON file).
+        uncertainty: `True`/`"auto"`, `"gauss_newton"`, `"hessian"`, `False`/`"none"`.
+        checkpoint: a file the optimiser's state is saved to atomically;
+            `resume=True` continues from it, to the same numbers.
+        progress: a progress bar on stderr: `True`, `False` or `"auto"`.
 
     Returns:
         A [`FitResult`][epifit.FitResult].
@@ -211,16 +112,11 @@ def calibrate(
         CheckpointError: a checkpoint that belongs to a different fit.
     """
     wall = time.perf_counter()
-    if isinstance(model_or_problem, Problem):
-        if data is not None:
-            raise ValueError("Give data only with a model, not with a Problem.")
-        problem = model_or_problem
-    else:
-        if data is None:
-            raise ValueError("calibrate needs data: calibrate(model, data, ...).")
-        problem = Problem(model_or_problem, data)
-    config = merge(
-        _fit_config(fit),
+    problem = _bind(model_or_problem, data)
+    config = fit_config(
+        fit,
+        optimizer=optimizer,
+        uncertainty=uncertainty,
         rtol=rtol,
         atol=atol,
         max_steps=max_steps,
@@ -235,262 +131,39 @@ def calibrate(
         checkpoint_every=checkpoint_every,
         chunk_size=chunk_size,
     )
-    if optimizer is not None:
-        config = dataclasses.replace(config, phases=parse_phases(optimizer))
-    if uncertainty is not None:
-        method = {True: "auto", False: "none"}.get(uncertainty, uncertainty)
-        config = dataclasses.replace(config, uncertainty=method)
-    names = [p.name for p in problem.spec.parameters]
-    names += [n.name for n in problem.spec.neural]
-    known_names(config, names, problem.spec.name)
-    problem = apply_overrides(problem, config)
-
-    # -- starting point and objective --
-    params = starting_params(problem, init, values)
-    free = FreeParameters(problem, params, config)
-    if free.n == 0:
-        raise FitConfigError(
-            "every parameter is fixed; nothing to fit", file=config.source
-        )
-    adj = _adjoint(adjoint if adjoint is not None else config.adjoint)
-    objective = FitObjective(
-        problem,
-        free,
-        solver=_solver(solver if solver is not None else config.solver),
-        adjoint=adj,
-        rtol=config.rtol or 1e-6,
-        atol=config.atol or 1e-9,
-        max_steps=config.max_steps or 4096,
+    setup = resolve_fit(
+        problem, config, init=init, values=values, solver=solver, adjoint=adjoint
     )
-    phases = config.phases or default_phases(objective)
-    least_squares_methods = ("levenberg_marquardt", "gauss_newton")
-    if not objective.least_squares:
-        for p in phases:
-            if p.method in least_squares_methods:
-                raise NotImplementedError(
-                    f"Optimiser '{p.method}' needs a least-squares loss: gaussian "
-                    "observations and only normal priors; this fit has "
-                    f"{_not_least_squares(objective)}. Use lbfgs or adam."
-                )
-    n_starts = config.n_starts or 1
-    seed = 0 if config.seed is None else config.seed
-    spread = 0.5 if config.perturbation is None else config.perturbation
-    data = objective.data()
-    xs, redraws = finite_starts(
-        lambda d: free.starts(free.x0, n_starts, spread, seed, d),
-        objective.compiled("loss") if n_starts > 1 else None,
+    data = setup.objective.data()
+    xs, redraws = _starts(setup, data)
+    settings = setup.record(redraws, xs.dtype)
+    optimizer_, resumed = _optimizer(setup, xs, data, settings, checkpoint, resume)
+    out, optimize_s = _optimize(optimizer_, xs, data, resumed, progress, setup)
+    outcome = _outcome(out, setup)  # best_start, converged, message
+    fields = _fit_result(setup, out, outcome["best_start"], xs, data)
+    timing = _timing(wall, optimize_s, out["record"])
+    return FitResult(**outcome, **fields, settings=settings, timing=timing)
+
+
+def _bind(model_or_problem, data) -> Problem:
+    """The problem: given, or the model bound to `data`."""
+    if isinstance(model_or_problem, Problem):
+        if data is not None:
+            raise ValueError("Give data only with a model, not with a Problem.")
+        return model_or_problem
+    if data is None:
+        raise ValueError("calibrate needs data: calibrate(model, data, ...).")
+    return Problem(model_or_problem, data)
+
+
+def _starts(setup: FitSetup, data):
+    """The starting points `(start, n)` and how often each was drawn again."""
+    free, n = setup.free, setup.n_starts
+    return finite_starts(
+        lambda d: free.starts(free.x0, n, setup.perturbation, setup.seed, d),
+        setup.objective.compiled("loss") if n > 1 else None,
         data,
     )
-
-    options = OptimizeOptions(
-        tolerance=1e-8 if config.tolerance is None else config.tolerance,
-        loss_tolerance=1e-12
-        if config.loss_tolerance is None
-        else config.loss_tolerance,
-        patience=config.patience or 5,
-        max_iterations=config.max_iterations,
-        time_budget=config.time_budget,
-        max_retreats=config.max_retreats or 30,
-        chunk_size=config.chunk_size,
-    )
-    settings = {
-        "phases": [p.to_dict() for p in phases],
-        "tolerance": options.tolerance,
-        "loss_tolerance": options.loss_tolerance,
-        "patience": options.patience,
-        "max_iterations": options.max_iterations,
-        "max_retreats": options.max_retreats,
-        "n_starts": n_starts,
-        "perturbation": spread,
-        "seed": seed,
-        "start_redraws": redraws,
-        "rtol": objective.solve_options["rtol"],
-        "atol": objective.solve_options["atol"],
-        "max_steps": objective.solve_options["max_steps"],
-        "adjoint": type(adj).__name__ if adj is not None else "CheckpointAdjoint",
-        "solver": type(objective.solve_options["solver"]).__name__
-        if objective.solve_options["solver"] is not None
-        else "Tsit5",
-        "dtype": str(xs.dtype),
-    }
-
-    # -- checkpointing --
-    every = config.checkpoint_every
-    if checkpoint is not None:
-        checkpoint = Path(checkpoint)
-        every = every or 50
-    elif resume:
-        raise ValueError("resume=True needs a checkpoint file (checkpoint=...).")
-    key = None
-    save = None
-    if checkpoint is not None:
-        key = fingerprint(
-            spec=problem.spec, arrays=data, xs=xs, settings=_numeric(settings)
-        )
-
-        def save(snapshot):
-            save_checkpoint(checkpoint, snapshot["carry"], snapshot["record"], key)
-
-    optimizer_ = Optimizer(
-        objective,
-        phases,
-        options,
-        checkpoint=save,
-        checkpoint_every=every,
-    )
-    resumed = None
-    if resume and checkpoint.exists():
-        remove_stale(checkpoint)
-        p = checkpoint_phase(checkpoint)
-        if p >= len(phases):
-            raise CheckpointError(
-                f"Checkpoint {checkpoint} is for phase {p + 1}, but this fit has "
-                f"{len(phases)} phase(s). Delete it to start afresh."
-            )
-        resumed = load_checkpoint(checkpoint, optimizer_.template(p, xs, data), key)
-    elif resume:
-        print(
-            f"epifit: no checkpoint {checkpoint} yet; starting from the beginning",
-            file=sys.stderr,
-        )
-
-    # -- optimise --
-    show = progress_enabled(progress)
-    t_opt = time.perf_counter()
-    if show:
-        with ProgressBar(phases, n_starts=n_starts) as bar:
-            optimizer_.progress = bar
-            out = optimizer_.run(xs, data, resume=resumed)
-    else:
-        out = optimizer_.run(xs, data, resume=resumed)
-    optimize_s = time.perf_counter() - t_opt
-    carry, record = out["carry"], out["record"]
-
-    # -- the best start --
-    f_all = np.asarray(carry.f, np.float64)
-    best = int(np.argmin(np.where(np.isfinite(f_all), f_all, np.inf)))
-    x_best = carry.x[best]
-    statuses = [s[best] for s in record["statuses"]]
-    final = statuses[-1] if statuses else NONFINITE
-    converged = (
-        out["stop_reason"] is None
-        and final in (GRADIENT, LOSS)
-        and len(statuses) == len(phases)
-    )
-    if out["stop_reason"] is not None:
-        message = out["stop_reason"]
-    elif final == NONFINITE:
-        died = statuses.index(NONFINITE)
-        message = (
-            f"stopped: the loss or its gradient stayed non-finite for "
-            f"{options.max_retreats} retreats in a row (phase {died + 1}: "
-            f"{phases[died].method}); returning the last good state"
-        )
-        warnings.warn(message, RuntimeWarning, stacklevel=2)
-    elif final in (GRADIENT, LOSS):
-        message = STATUS[final]
-    else:
-        message = "stopped: iteration limit of the last phase reached"
-    hist = record["history"]
-
-    # -- results --
-    fitted = free.params(x_best, data["rest"])
-    method = config.uncertainty or "auto"
-    skipped = ""
-    if method == "auto":
-        method = "gauss_newton" if objective.least_squares else "hessian"
-        if free.n > LAPLACE_AUTO_MAX:
-            method = "none"
-            skipped = (
-                f"uncertainty skipped: {free.n} free parameters (more than "
-                f"{LAPLACE_AUTO_MAX}); pass uncertainty='gauss_newton' or 'hessian' "
-                "to compute it"
-            )
-    level_ = config.level or 0.95
-    # one batched call at the best point, of the executable the optimiser used
-    xb = jnp.broadcast_to(x_best, xs.shape)
-    jac = None
-    if method == "gauss_newton":
-        r, J, ys, stats, result = objective.compiled("jacobian_and_solution")(xb, data)
-        jac = (r[0], J[0])
-    else:
-        ys, stats, result = objective.compiled("solution")(xb, data)
-    if int(result[0]) != 0:
-        raise RuntimeError(
-            "The solve at the fitted parameters failed (result code "
-            f"{int(result[0])}); try tighter solver tolerances or more max_steps."
-        )
-    first = lambda a: np.asarray(a)[0]  # noqa: E731
-    sol = SimpleNamespace(ys=jax.tree.map(first, ys), stats=jax.tree.map(first, stats))
-    trajectories = trajectory_dataset(problem, fitted, sol)
-    cov = None
-    unc: dict[str, Any] = {"method": "none", "level": level_, "message": skipped}
-    if method != "none":
-        lap = laplace(
-            objective,
-            x_best,
-            data,
-            method=method,
-            noise=config.noise or "auto",
-            jacobian=jac,
-            loss=float(f_all[best]),
-        )
-        cov = lap.covariance
-        unc = {
-            "method": lap.method,
-            "level": level_,
-            "noise_variance": lap.noise_variance,
-            "message": lap.message,
-        }
-    table = parameter_table(objective, x_best, data, cov, level=level_)
-    arrays, _ = eqx.partition(fitted, eqx.is_inexact_array)
-    coefficients = np.asarray(ravel_pytree(arrays)[0])
-    free_flags = free_entries(fitted, problem.model.free_mask(fitted))
-    per_patch = {p.name for p in problem.spec.parameters if p.per_patch}
-    coef_labels, _ = leaf_labels(arrays, problem.patches, per_patch)
-    model_path = problem.model_path
-    model_text = (
-        Path(model_path).read_text() if model_path and Path(model_path).exists() else ""
-    )
-    return FitResult(
-        params=fitted,
-        values=constrained_dict(problem, fitted),
-        table=table,
-        loss=float(f_all[best]),
-        iterations=int(record["iteration"]),
-        converged=bool(converged),
-        message=message,
-        loss_history=hist["loss"][best],
-        grad_norm_history=hist["grad_norm"][best],
-        step_history=hist["step"][best],
-        phase_history=hist["phase"][best].astype(np.int64),
-        labels=free.labels,
-        x=np.asarray(x_best),
-        covariance=cov,
-        coefficients=coefficients,
-        coefficient_labels=tuple(coef_labels),
-        coefficient_free=free_flags,
-        start_losses=f_all,
-        initial_losses=np.asarray(record["initial_loss"]),
-        best_start=best,
-        uncertainty=unc,
-        settings=settings,
-        solver_stats={k: int(np.asarray(v)) for k, v in sol.stats.items()},
-        timing={
-            "wall_s": time.perf_counter() - wall,
-            "optimize_s": optimize_s,
-            "optimize_total_s": float(record["elapsed"]),
-        },
-        trajectories=trajectories,
-        problem=problem,
-        model_text=model_text,
-        fit_config=dict(config.raw),
-        hashes=problem.hashes(),
-        versions=library_versions(),
-    )
-
-
-MAX_REDRAWS = 20
 
 
 def finite_starts(draw, loss, data):
@@ -524,14 +197,203 @@ def finite_starts(draw, loss, data):
     return xs, redraws
 
 
-def _not_least_squares(objective: FitObjective) -> str:
-    parts = [f"'{k}' {f}" for k, f in objective.families.items() if f != "gaussian"]
-    parts += [
-        f"a {type(p).__name__} prior on '{k}'"
-        for k, p in objective.free.priors.items()
-        if type(p).__name__ != "Normal"
-    ]
-    return ", ".join(parts)
+def _optimizer(setup: FitSetup, xs, data, settings: dict, checkpoint, resume: bool):
+    """The optimiser, saving checkpoints to `checkpoint` (every
+    `checkpoint_every` iterations, default 50), and the state to resume from
+    (None: start afresh)."""
+    every = setup.config.checkpoint_every
+    if checkpoint is not None:
+        checkpoint = Path(checkpoint)
+        every = every or 50
+    elif resume:
+        raise ValueError("resume=True needs a checkpoint file (checkpoint=...).")
+    key = save = None
+    if checkpoint is not None:
+        key = fingerprint(
+            spec=setup.problem.spec, arrays=data, xs=xs, settings=_numeric(settings)
+        )
+
+        def save(snapshot):
+            save_checkpoint(checkpoint, snapshot["carry"], snapshot["record"], key)
+
+    optimizer = Optimizer(
+        setup.objective,
+        setup.phases,
+        setup.options,
+        checkpoint=save,
+        checkpoint_every=every,
+    )
+    if not resume:
+        return optimizer, None
+    if not checkpoint.exists():
+        print(
+            f"epifit: no checkpoint {checkpoint} yet; starting from the beginning",
+            file=sys.stderr,
+        )
+        return optimizer, None
+    remove_stale(checkpoint)
+    p = checkpoint_phase(checkpoint)
+    if p >= len(setup.phases):
+        raise CheckpointError(
+            f"Checkpoint {checkpoint} is for phase {p + 1}, but this fit has "
+            f"{len(setup.phases)} phase(s). Delete it to start afresh."
+        )
+    return optimizer, load_checkpoint(checkpoint, optimizer.template(p, xs, data), key)
+
+
+def _optimize(optimizer: Optimizer, xs, data, resumed, progress, setup: FitSetup):
+    """Run the phases, with a progress bar when `progress` says so; the run's
+    output and its seconds."""
+    t = time.perf_counter()
+    if progress_enabled(progress):
+        with ProgressBar(setup.phases, n_starts=setup.n_starts) as bar:
+            optimizer.progress = bar
+            out = optimizer.run(xs, data, resume=resumed)
+    else:
+        out = optimizer.run(xs, data, resume=resumed)
+    return out, time.perf_counter() - t
+
+
+def _outcome(out: dict, setup: FitSetup) -> dict[str, Any]:
+    """`best_start`, `converged` and `message` (why the fit stopped; warned
+    when the loss stayed non-finite)."""
+    f_all = np.asarray(out["carry"].f, np.float64)
+    best = int(np.argmin(np.where(np.isfinite(f_all), f_all, np.inf)))
+    statuses = [s[best] for s in out["record"]["statuses"]]
+    final = statuses[-1] if statuses else NONFINITE
+    phases = setup.phases
+    converged = (
+        out["stop_reason"] is None
+        and final in (GRADIENT, LOSS)
+        and len(statuses) == len(phases)
+    )
+    if out["stop_reason"] is not None:
+        message = out["stop_reason"]
+    elif final == NONFINITE:
+        died = statuses.index(NONFINITE)
+        message = (
+            f"stopped: the loss or its gradient stayed non-finite for "
+            f"{setup.options.max_retreats} retreats in a row (phase {died + 1}: "
+            f"{phases[died].method}); returning the last good state"
+        )
+        # attributed to calibrate's caller
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    elif final in (GRADIENT, LOSS):
+        message = STATUS[final]
+    else:
+        message = "stopped: iteration limit of the last phase reached"
+    return dict(best_start=best, converged=bool(converged), message=message)
+
+
+def _timing(wall: float, optimize_s: float, record: dict) -> dict[str, float]:
+    """`wall_s` (the whole call, to now), `optimize_s` (this call's phases) and
+    `optimize_total_s` (theirs over resumed runs too)."""
+    return {
+        "wall_s": time.perf_counter() - wall,
+        "optimize_s": optimize_s,
+        "optimize_total_s": float(record["elapsed"]),
+    }
+
+
+def _final_solve(setup: FitSetup, x_best, xs, data):
+    """The solve at the best point (`ys`, `stats` as NumPy) and, for a
+    Gauss-Newton Laplace approximation, the residuals and their Jacobian
+    there: one batched call of the executable the optimiser used."""
+    objective = setup.objective
+    xb = jnp.broadcast_to(x_best, xs.shape)
+    jac = None
+    if setup.uncertainty == "gauss_newton":
+        r, J, ys, stats, result = objective.compiled("jacobian_and_solution")(xb, data)
+        jac = (r[0], J[0])
+    else:
+        ys, stats, result = objective.compiled("solution")(xb, data)
+    if int(result[0]) != 0:
+        raise RuntimeError(
+            "The solve at the fitted parameters failed (result code "
+            f"{int(result[0])}); try tighter solver tolerances or more max_steps."
+        )
+    first = lambda a: np.asarray(a)[0]  # noqa: E731
+    sol = SimpleNamespace(ys=jax.tree.map(first, ys), stats=jax.tree.map(first, stats))
+    return sol, jac
+
+
+def _uncertainty(setup: FitSetup, x_best, data, jac, loss: float):
+    """The Laplace covariance of the free vector (None without uncertainty)
+    and the result's `uncertainty` record."""
+    if setup.uncertainty == "none":
+        return None, {"method": "none", "level": setup.level, "message": setup.skipped}
+    lap = laplace(
+        setup.objective,
+        x_best,
+        data,
+        method=setup.uncertainty,
+        noise=setup.config.noise or "auto",
+        jacobian=jac,
+        loss=loss,
+    )
+    return lap.covariance, {
+        "method": lap.method,
+        "level": setup.level,
+        "noise_variance": lap.noise_variance,
+        "message": lap.message,
+    }
+
+
+def _fit_result(setup: FitSetup, out: dict, best: int, xs, data) -> dict[str, Any]:
+    """The `FitResult` fields that come from the run at its best start."""
+    problem, free = setup.problem, setup.free
+    carry, record = out["carry"], out["record"]
+    f_all = np.asarray(carry.f, np.float64)
+    x_best = carry.x[best]
+    fitted = free.params(x_best, data["rest"])
+    sol, jac = _final_solve(setup, x_best, xs, data)
+    trajectories = trajectory_dataset(problem, fitted, sol)
+    cov, unc = _uncertainty(setup, x_best, data, jac, float(f_all[best]))
+    table = parameter_table(setup.objective, x_best, data, cov, level=setup.level)
+    hist = record["history"]
+    return dict(
+        params=fitted,
+        values=constrained_dict(problem, fitted),
+        table=table,
+        loss=float(f_all[best]),
+        iterations=int(record["iteration"]),
+        loss_history=hist["loss"][best],
+        grad_norm_history=hist["grad_norm"][best],
+        step_history=hist["step"][best],
+        phase_history=hist["phase"][best].astype(np.int64),
+        labels=free.labels,
+        x=np.asarray(x_best),
+        covariance=cov,
+        **_coefficients(problem, fitted),
+        start_losses=f_all,
+        initial_losses=np.asarray(record["initial_loss"]),
+        uncertainty=unc,
+        solver_stats={k: int(np.asarray(v)) for k, v in sol.stats.items()},
+        trajectories=trajectories,
+        problem=problem,
+        model_text=_model_text(problem),
+        fit_config=dict(setup.config.raw),
+        hashes=problem.hashes(),
+        versions=library_versions(),
+    )
+
+
+def _coefficients(problem: Problem, fitted) -> dict[str, Any]:
+    """Every array element of the fitted parameters (free or fixed), their
+    labels and which are free: enough to rebuild `params` from a file."""
+    arrays, _ = eqx.partition(fitted, eqx.is_inexact_array)
+    per_patch = {p.name for p in problem.spec.parameters if p.per_patch}
+    labels, _ = leaf_labels(arrays, problem.patches, per_patch)
+    return dict(
+        coefficients=np.asarray(ravel_pytree(arrays)[0]),
+        coefficient_labels=tuple(labels),
+        coefficient_free=free_entries(fitted, problem.model.free_mask(fitted)),
+    )
+
+
+def _model_text(problem: Problem) -> str:
+    path = problem.model_path
+    return Path(path).read_text() if path and Path(path).exists() else ""
 
 
 def _numeric(settings: dict) -> dict:

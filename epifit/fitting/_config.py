@@ -18,9 +18,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import optax
+
 from epifit._errors import LocatedError
 from epifit._toml import Reader, at, join
 from epifit.model import TRANSFORMS, bounds_error
+from epifit.ode import AbstractAdaptiveSolver
+from epifit.simulation import ADJOINTS as ADJOINT_CLASSES
+from epifit.simulation import SOLVERS as SOLVER_CLASSES
 
 __all__ = [
     "FitConfig",
@@ -64,8 +69,15 @@ FIRST_ORDER = ("adam", "rmsprop", "sgd")
 METHODS = (*FIRST_ORDER, "lbfgs", "levenberg_marquardt", "gauss_newton")
 ALIASES = {"lm": "levenberg_marquardt", "l-bfgs": "lbfgs", "gn": "gauss_newton"}
 SCHEDULES = ("constant", "cosine", "exponential", "warmup_cosine")
-ADJOINTS = ("checkpoint", "backsolve", "interpolating", "quadrature", "forward")
-SOLVERS = ("tsit5", "dopri5", "bosh3", "kvaerno3", "kvaerno5")
+# the method of a phase given as an optax transformation (Python API only)
+OPTAX = "optax"
+ADJOINTS = tuple(ADJOINT_CLASSES)
+# the adaptive solvers: a fit file gives tolerances, not a step-size controller
+SOLVERS = tuple(
+    name
+    for name, cls in SOLVER_CLASSES.items()
+    if issubclass(cls, AbstractAdaptiveSolver)
+)
 UNCERTAINTY_METHODS = ("auto", "hessian", "gauss_newton", "none")
 NOISE = ("auto", "estimate", "known")
 PRIORS = ("normal", "lognormal")
@@ -115,7 +127,8 @@ TOP_LEVEL = (
 @dataclasses.dataclass(frozen=True)
 class PhaseConfig:
     """One optimiser phase. `options` holds the method's own settings (learning
-    rate, schedule, momentum, memory size, damping, ...)."""
+    rate, schedule, momentum, memory size, damping, ...); a phase of method
+    `"optax"` holds its `optax.GradientTransformation` as option `transform`."""
 
     method: str
     iterations: int = 200
@@ -132,8 +145,17 @@ class PhaseConfig:
         for k in ("tolerance", "loss_tolerance", "patience"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
-        out.update(dict(self.options))
+        out.update({k: _plain_option(v) for k, v in self.options})
         return out
+
+
+def _plain_option(value: Any) -> Any:
+    """An option as a plain value. An optax transformation is a pair of
+    functions with nothing stable to record: it is named by its kind only (so
+    a checkpoint's fingerprint cannot tell two of them apart)."""
+    if isinstance(value, optax.GradientTransformation):
+        return "optax.GradientTransformation"
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,13 +262,22 @@ def parse_fit_config(data: Mapping[str, Any], *, file: str = "fit") -> FitConfig
     return FitConfig(source=file, raw=dict(data), **kw)
 
 
+PhasesLike = str | Mapping[str, Any] | optax.GradientTransformation | Sequence[Any]
+"""What `calibrate(optimizer=...)` accepts (see `parse_phases`)."""
+
+
 def parse_phases(
-    value: str | Mapping[str, Any] | Sequence[Any], *, file: str = "calibrate"
+    value: PhasesLike,
+    *,
+    file: str = "calibrate",
 ) -> tuple[PhaseConfig, ...]:
-    """Phases from the Python API: a method name (`"lbfgs"`), one phase as a
-    dict, or a list of names/dicts (`[{"method": "adam", ...}, "lbfgs"]`)."""
+    """Phases from the Python API: a method name (`"lbfgs"`), an
+    `optax.GradientTransformation` (a first-order phase like `"adam"`), one
+    phase as a dict (whose `method` may be a transformation), or a list of them
+    (`[optax.adam(1e-2), {"method": "lbfgs", "iterations": 50}]`)."""
     r = _Reader(file)
-    if isinstance(value, str | Mapping):
+    # a transformation is a tuple (of functions): test for it before sequences
+    if isinstance(value, str | Mapping | optax.GradientTransformation):
         value = [value]
     return _phases(r, value, "optimizer")
 
@@ -254,9 +285,27 @@ def parse_phases(
 def _phases(r: _Reader, value: Any, location: str) -> tuple[PhaseConfig, ...]:
     items = r.array(value, location)
     return tuple(
-        _phase(r, {"method": item} if isinstance(item, str) else item, at(location, j))
+        _phase(
+            r,
+            {"method": item}
+            if isinstance(item, str | optax.GradientTransformation)
+            else item,
+            at(location, j),
+        )
         for j, item in enumerate(items)
     )
+
+
+def _common(r: _Reader, t: Mapping[str, Any], loc: str) -> tuple[int, dict]:
+    """A phase's iterations and the stopping rules every method has."""
+    iterations = r.integer(t.get("iterations", 200), at(loc, "iterations"), 1)
+    common: dict[str, Any] = {}
+    for key in ("tolerance", "loss_tolerance"):
+        if key in t:
+            common[key] = r.nonnegative(t[key], at(loc, key))
+    if "patience" in t:
+        common["patience"] = r.integer(t["patience"], at(loc, "patience"), 1)
+    return iterations, common
 
 
 def _phase(r: _Reader, value: Any, loc: str) -> PhaseConfig:
@@ -265,17 +314,17 @@ def _phase(r: _Reader, value: Any, loc: str) -> PhaseConfig:
     if "method" not in value:
         raise r.fail(at(loc, "method"), "missing required field 'method'")
     method = value["method"]
+    if isinstance(method, optax.GradientTransformation):
+        t = r.table(value, loc, required=("method",), optional=_COMMON)
+        iterations, common = _common(r, t, loc)
+        return PhaseConfig(
+            OPTAX, iterations, options=(("transform", method),), **common
+        )
     if isinstance(method, str):
         method = ALIASES.get(method.lower(), method.lower())
     method = r.choice(method, at(loc, "method"), METHODS)
     t = r.table(value, loc, required=("method",), optional=PHASE_FIELDS[method])
-    iterations = r.integer(t.get("iterations", 200), at(loc, "iterations"), 1)
-    common: dict[str, Any] = {}
-    for key in ("tolerance", "loss_tolerance"):
-        if key in t:
-            common[key] = r.nonnegative(t[key], at(loc, key))
-    if "patience" in t:
-        common["patience"] = r.integer(t["patience"], at(loc, "patience"), 1)
+    iterations, common = _common(r, t, loc)
     opts: dict[str, Any] = {}
     for key in ("learning_rate", "eps", "damping", "clip", "final_fraction"):
         if key in t:

@@ -6,8 +6,8 @@ whether its loss or gradient was non-finite; the driver (`_optimize.py`) then
 accepts it or retreats.
 
 * [`FirstOrder`][]: any `optax.GradientTransformation` (Adam, RMSprop, SGD
-  with momentum, with schedules); the step is scaled by the driver's retreat
-  factor.
+  with momentum, with schedules, or one given as a phase); the step is scaled
+  by the driver's retreat factor.
 * [`LBFGS`][]: `optax.lbfgs()` with its zoom line search, given `value`,
   `grad` and `value_fn`. The line search backs off from non-finite values by
   itself; a failed step restarts the L-BFGS memory.
@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from epifit.fitting._config import PhaseConfig
+from epifit.fitting._config import OPTAX, PhaseConfig
 
 __all__ = [
     "AbstractLeastSquaresMethod",
@@ -231,6 +231,8 @@ def _schedule(phase: PhaseConfig):
 def make_method(phase: PhaseConfig) -> AbstractMethod:
     """The method of one phase of a fit configuration."""
     m = phase.method
+    if m == OPTAX:
+        return FirstOrder(phase.option("transform"))
     if m in ("adam", "rmsprop", "sgd"):
         lr = _schedule(phase)
         if m == "adam":

@@ -1,30 +1,62 @@
-"""The calibration objective: observation likelihoods of a solved model."""
+"""The one objective of a fit: what calibration, uncertainty and the adjoint
+audit differentiate.
+
+[`Objective`][] is the negative log-likelihood of the observations plus the
+free parameters' negative log-priors and L2 penalties, as a function of the
+flat free vector `x` (see `FreeParameters`), with everything the fitting layer
+needs of it: value and gradient, least-squares residuals and their Jacobian,
+Hessians, the solve at a point, and compiled methods batched over starting
+points. `data` holds the problem's arrays and the fixed parameter leaves,
+passed to compiled functions as traced arguments (never closed over).
+
+Solves in the free-vector methods run with `throw=False`: a failed solve gives
+a non-finite loss, which the optimiser rejects and retreats from, instead of an
+exception in the middle of a compiled loop.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+import jax
 import jax.numpy as jnp
+import numpy as np
 
-from epifit.data import Gaussian, NegativeBinomial, Poisson
+from epifit._jit import jit
+from epifit._vmap import default_group, vmap_batch
+from epifit.data import AbstractObservationModel, Gaussian, NegativeBinomial, Poisson
+from epifit.fitting._parameters import FreeParameters
 from epifit.model import ObservationSpec
-from epifit.simulation import Problem
+from epifit.ode import jacobian
+from epifit.simulation import Problem, SolverSettings
+
+__all__ = ["FAMILIES", "Objective", "aligned", "observation_model"]
+
+FAMILIES: dict[str, type[AbstractObservationModel]] = {
+    "gaussian": Gaussian,
+    "poisson": Poisson,
+    "negative_binomial": NegativeBinomial,
+}
+"""Likelihood family names, as model files write them."""
 
 
-def observation_model(obs: ObservationSpec, values):
-    """The likelihood family of one observation, from its spec."""
-    if obs.family == "gaussian":
-        return Gaussian(weight=obs.weight)
-    if obs.family == "poisson":
-        return Poisson()
-    if obs.family == "negative_binomial":
+def _family(obs: ObservationSpec) -> type[AbstractObservationModel]:
+    if obs.family not in FAMILIES:
+        raise ValueError(f"observation '{obs.name}': unknown family '{obs.family}'.")
+    return FAMILIES[obs.family]
+
+
+def observation_model(obs: ObservationSpec, values) -> AbstractObservationModel:
+    """The likelihood of one observation, from its spec and the constrained
+    parameter `values` (a negative binomial reads its dispersion there); the
+    observation's `weight` multiplies its loss."""
+    family = _family(obs)
+    if issubclass(family, NegativeBinomial):
         if obs.dispersion is None:
             raise ValueError(
                 f"observation '{obs.name}': family negative_binomial needs a "
                 "dispersion parameter (dispersion = 'name')."
             )
-        return NegativeBinomial(values[obs.dispersion])
-    raise ValueError(f"observation '{obs.name}': unknown family '{obs.family}'.")
+        return NegativeBinomial(values[obs.dispersion], weight=obs.weight)
+    return family(weight=obs.weight)
 
 
 def aligned(pred, observed, mask):
@@ -34,55 +66,228 @@ def aligned(pred, observed, mask):
     return pred, observed, mask
 
 
-def make_objective(
-    problem: Problem,
-    *,
-    solver=None,
-    stepsize_controller=None,
-    adjoint=None,
-    rtol: float = 1e-6,
-    atol: float = 1e-9,
-    max_steps: int = 4096,
-) -> Callable:
-    """`loss(params, arrays) -> scalar`: the summed observation losses.
+class Objective:
+    """Loss, residuals and their derivatives for a problem and its free
+    parameters, solved with one `SolverSettings`.
 
-    Gaussian observations contribute their weighted least squares
-    `weight * sum((predicted - observed)^2)`; Poisson and negative binomial ones
-    `weight` times their negative log-likelihood. Missing points (NaN in the data)
-    are masked out of value and gradient. `arrays` is `problem.arrays`, passed
-    as a traced argument.
+    The loss is the sum of the observation losses (each observation model
+    applies its weight: weighted least squares for gaussian observations,
+    `weight` times the negative log-likelihood for poisson and negative
+    binomial ones; missing points masked) plus the parameters' negative
+    log-priors and L2 penalties.
+
+    Cost model: every value costs one solve of the model; `value_and_grad` one
+    solve and one adjoint pass (the settings' adjoint); the Jacobian of the
+    residuals one forward-sensitivity solve with `n` directions; the Hessian
+    forward over reverse mode, `n` gradient passes. `compiled(name)` compiles a
+    method once per objective, batched over starting points.
+
+    Args:
+        problem: the model bound to its data (with observations).
+        free: the free parameters, their priors and penalties.
+        settings: how every solve runs (default `SolverSettings()`).
+
+    Attributes:
+        settings: the solver settings of every solve.
+        families: observation name -> its likelihood family (a class).
+        gaussian_data: every observation is gaussian.
+        least_squares: every observation is gaussian and every prior normal,
+            so the loss is `sum(residuals(x) ** 2)`.
+        n_data: the number of observed (unmasked) points the loss sums over.
+        group: starting points batched together by the compiled methods
+            (`vmap_batch`'s `group`; default `default_group()`: one at a time
+            on CPU, all together elsewhere).
+
+    Raises:
+        ValueError: the model observes none of the dataset's variables.
     """
-    observed_specs = [
-        o for o in problem.spec.observations if o.name in problem.observed
-    ]
-    if not observed_specs:
-        raise ValueError(
-            f"Model '{problem.spec.name}' observes none of the dataset's variables; "
-            f"it observes {[o.name for o in problem.spec.observations]}."
-        )
 
-    def loss(params, arrays):
-        sol = problem.solve(
-            params,
-            arrays=arrays,
-            solver=solver,
-            stepsize_controller=stepsize_controller,
-            adjoint=adjoint,
-            rtol=rtol,
-            atol=atol,
-            max_steps=max_steps,
+    def __init__(
+        self,
+        problem: Problem,
+        free: FreeParameters,
+        settings: SolverSettings | None = None,
+    ):
+        self.problem = problem
+        self.free = free
+        self.settings = SolverSettings.of(settings)
+        self.observations = [
+            o for o in problem.spec.observations if o.name in problem.observed
+        ]
+        if not self.observations:
+            raise ValueError(
+                f"Model '{problem.spec.name}' observes none of the dataset's "
+                f"variables; it observes {[o.name for o in problem.spec.observations]}"
+                ". Give a dataset with at least one of them."
+            )
+        # starts batched together by the compiled methods (see `default_group`)
+        self.group = default_group()
+        self.families = {o.name: _family(o) for o in self.observations}
+        self.gaussian_data = all(
+            issubclass(f, Gaussian) for f in self.families.values()
         )
-        pred = problem.predict(params, sol.ys, arrays)
-        values = problem.model.constrain(params)
-        total = jnp.zeros((), problem.dtype)
-        for o in observed_specs:
+        self.least_squares = self.gaussian_data and free.least_squares_penalty
+        self.n_data = sum(_n_observed(problem, o) for o in self.observations)
+
+    # -- data -------------------------------------------------------------------
+    def data(self) -> dict:
+        """The traced data of every compiled call: arrays and fixed leaves."""
+        return {"arrays": self.problem.arrays, "rest": self.free.rest}
+
+    def params(self, x, data):
+        return self.free.params(x, data["rest"])
+
+    def predictions(self, x, data, *, throw: bool = False):
+        params = self.params(x, data)
+        sol = self.problem.solve(
+            params, self.settings, arrays=data["arrays"], throw=throw
+        )
+        return params, sol, self.problem.predict(params, sol.ys, data["arrays"])
+
+    # -- loss ---------------------------------------------------------------------
+    def _observation_loss(self, params, pred, arrays, dtype):
+        """The summed observation losses, from a zero of `dtype`."""
+        values = self.problem.model.constrain(params)
+        total = jnp.zeros((), dtype)
+        for o in self.observations:
             p, y, m = aligned(
                 pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
             )
-            term = observation_model(o, values).loss(p, y, m)
-            if o.family != "gaussian":
-                term = o.weight * term
-            total = total + term
+            total = total + observation_model(o, values).loss(p, y, m)
         return total
 
-    return loss
+    def data_loss(self, x, data):
+        """The observation part of the loss (the negative log-likelihood)."""
+        params, _, pred = self.predictions(x, data)
+        return self._observation_loss(params, pred, data["arrays"], self.free.x0.dtype)
+
+    def penalty(self, x, data):
+        """The negative log-prior plus the L2 penalties (no solve)."""
+        return self.free.penalty(x, data["rest"])
+
+    def loss(self, x, data):
+        """The total loss at free vector `x`."""
+        params, _, pred = self.predictions(x, data)
+        nll = self._observation_loss(params, pred, data["arrays"], self.free.x0.dtype)
+        return nll + self.free.penalty(x, data["rest"])
+
+    def value_and_grad(self, x, data):
+        return jax.value_and_grad(self.loss)(x, data)
+
+    def data_hessian(self, x, data):
+        """The Hessian of `data_loss` (forward over reverse mode)."""
+        return jax.hessian(self.data_loss)(x, data)
+
+    def penalty_hessian(self, x, data):
+        """The Hessian of `penalty`."""
+        return jax.hessian(self.penalty)(x, data)
+
+    def params_loss(self, params, arrays):
+        """The observation loss at an unconstrained parameter pytree, to
+        differentiate with respect to every inexact leaf, fixed ones included
+        (the adjoint audit). The solve raises `SolverError` on failure."""
+        sol = self.problem.solve(params, self.settings, arrays=arrays)
+        pred = self.problem.predict(params, sol.ys, arrays)
+        return self._observation_loss(params, pred, arrays, self.problem.dtype)
+
+    # -- least squares --------------------------------------------------------------
+    def _check_gaussian(self) -> None:
+        if not self.gaussian_data:
+            bad = [
+                o
+                for o in self.observations
+                if not issubclass(self.families[o.name], Gaussian)
+            ]
+            raise NotImplementedError(
+                "Least-squares methods need gaussian observations; "
+                + ", ".join(f"'{o.name}' is {o.family}" for o in bad)
+                + ". Use the lbfgs or adam optimisers (and uncertainty method "
+                "'hessian')."
+            )
+
+    def _data_residuals(self, pred, data):
+        arrays = data["arrays"]
+        parts = []
+        for o in self.observations:
+            p, y, m = aligned(
+                pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
+            )
+            m = m & jnp.isfinite(y)
+            r = jnp.sqrt(jnp.asarray(o.weight, p.dtype)) * (p - jnp.where(m, y, p))
+            parts.append(jnp.ravel(jnp.where(m, r, 0.0)))
+        return jnp.concatenate(parts)
+
+    def _residuals(self, x, pred, data):
+        return jnp.concatenate(
+            [
+                self._data_residuals(pred, data),
+                self.free.penalty_residuals(x, data["rest"]),
+            ]
+        )
+
+    @property
+    def n_data_rows(self) -> int:
+        """The length of the data residual vector (masked points included)."""
+        n_t = self.problem.ts.size
+        return sum(
+            (n_t - 1 if o.kind == "incidence" else n_t) * self.problem.n_patches
+            for o in self.observations
+        )
+
+    def data_residuals(self, x, data):
+        """`sqrt(weight) * (predicted - observed)` at every point, 0 where masked."""
+        self._check_gaussian()
+        _, _, pred = self.predictions(x, data)
+        return self._data_residuals(pred, data)
+
+    def residuals(self, x, data):
+        """All residuals: `loss(x) == sum(residuals(x) ** 2)` for least squares;
+        the first `n_data_rows` are the data's, the rest the priors'/penalties'."""
+        self._check_gaussian()
+        _, _, pred = self.predictions(x, data)
+        return self._residuals(x, pred, data)
+
+    def jacobian_and_solution(self, x, data):
+        """`(r, dr/dx, ys, stats, result)`: residuals, their Jacobian (forward
+        sensitivities) and the solve they came from."""
+        self._check_gaussian()
+
+        def fn(x):
+            _, sol, pred = self.predictions(x, data)
+            r = self._residuals(x, pred, data)
+            return r, (r, sol.ys, sol.stats, sol.result)
+
+        J, (r, ys, stats, result) = jacobian(fn, has_aux=True)(x)
+        return r, J, ys, stats, result
+
+    def residuals_and_jacobian(self, x, data):
+        """`(r, dr/dx)` with forward-mode sensitivities of the solve."""
+        r, J, *_ = self.jacobian_and_solution(x, data)
+        return r, J
+
+    def solution(self, x, data):
+        """`(ys, stats, result)` of the solve at `x` (no derivatives)."""
+        _, sol, _ = self.predictions(x, data)
+        return sol.ys, sol.stats, sol.result
+
+    # -- compiled, batched over starts ---------------------------------------------
+    def compiled(self, name: str):
+        """`jit(vmap(method))` over a batch of `x` (see [`vmap_batch`][]),
+        compiled once per objective."""
+        cache = self.__dict__.setdefault("_compiled", {})
+        if name not in cache:
+            cache[name] = jit(
+                vmap_batch(getattr(self, name), in_axes=(0, None), group=self.group)
+            )
+        return cache[name]
+
+
+def _n_observed(problem: Problem, obs: ObservationSpec) -> int:
+    """The observed (unmasked, not NaN) points of one observation that the loss
+    sums over."""
+    m = np.asarray(problem.mask[obs.name]) & ~np.isnan(
+        np.asarray(problem.observed[obs.name])
+    )
+    if obs.kind == "incidence" and m.shape[0] == problem.ts.size:
+        m = m[1:]  # no prediction of the change before the first day
+    return int(m.sum())

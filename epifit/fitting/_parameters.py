@@ -1,4 +1,4 @@
-"""The parameters a fit moves: free/fixed partition, overrides, priors, penalties.
+"""The parameters a fit moves: free/fixed partition, priors, penalties, starts.
 
 The optimisers see one flat vector `x` of the free entries of the parameter
 pytree, in unconstrained coordinates (transforms map it to the constrained
@@ -9,8 +9,6 @@ sub-models (activations) and everything else stay outside `x` and never move.
 from __future__ import annotations
 
 import abc
-import copy
-import dataclasses
 import math
 import os
 from collections.abc import Mapping
@@ -28,7 +26,7 @@ from jaxtyping import Array, Float
 
 from epifit._toml import read_values_file
 from epifit.fitting._config import FitConfig, FitConfigError, PriorConfig
-from epifit.model import bounds_error, compile_model, default_bounds, value_error
+from epifit.fitting._result import FitResult
 from epifit.simulation import Problem, load_params
 
 __all__ = [
@@ -37,7 +35,6 @@ __all__ = [
     "FreeParameters",
     "LogNormal",
     "Normal",
-    "apply_overrides",
     "make_prior",
 ]
 
@@ -98,83 +95,6 @@ def make_prior(config: PriorConfig) -> AbstractPrior:
     if config.family == "normal":
         return Normal(config.a, config.b)
     return LogNormal(config.a, config.b)
-
-
-# --------------------------------------------------------------------- overrides
-def apply_overrides(problem: Problem, config: FitConfig) -> Problem:
-    """The problem with the fit configuration's parameter overrides applied to
-    its model (value, fixed, transform, bounds); the same problem if none."""
-    spec = override_spec(problem.spec, config, problem.n_patches)
-    if spec is problem.spec:
-        return problem
-    out = copy.copy(problem)
-    out.model = compile_model(spec)
-    return out
-
-
-def override_spec(spec, config: FitConfig, n_patches: int):
-    """The model spec with a fit configuration's parameter overrides."""
-    params = {p.name: p for p in spec.parameters}
-    neural = {n.name: n for n in spec.neural}
-
-    def fail(name: str, field: str, reason: str) -> FitConfigError:
-        return FitConfigError(
-            reason, file=config.source, location=f"parameters.{name}.{field}"
-        )
-
-    new_params, new_neural, changed = dict(params), dict(neural), False
-    for name, o in config.parameters.items():
-        if name in neural:
-            for field in ("value", "transform", "bounds", "prior"):
-                if getattr(o, field) is not None:
-                    raise fail(
-                        name,
-                        field,
-                        f"'{name}' is a neural sub-model; only 'fixed' and 'l2' "
-                        "apply to it",
-                    )
-            if o.fixed is not None and o.fixed != neural[name].fixed:
-                new_neural[name] = dataclasses.replace(neural[name], fixed=o.fixed)
-                changed = True
-            continue
-        p = params[name]
-        transform = p.transform if o.transform is None else o.transform
-        if o.bounds is not None:
-            lo, hi = o.bounds
-        elif o.transform is not None and o.transform != p.transform:
-            lo, hi = default_bounds(transform)
-        else:
-            lo, hi = p.bounds
-        if (why := bounds_error(transform, lo, hi)) is not None:
-            raise fail(name, "bounds", why)
-        value = p.value if o.value is None else o.value
-        if isinstance(value, tuple) and not p.per_patch:
-            raise fail(
-                name, "value", f"'{name}' is a scalar parameter; give one number"
-            )
-        if isinstance(value, tuple) and len(value) != n_patches:
-            raise fail(
-                name,
-                "value",
-                f"has {len(value)} values but the problem has {n_patches} patches",
-            )
-        for v in value if isinstance(value, tuple) else (value,):
-            if (why := value_error(transform, v, lo, hi)) is not None:
-                field = "value" if o.value is not None else "transform"
-                raise fail(name, field, why + "; give a value inside the range")
-        fixed = p.fixed if o.fixed is None else o.fixed
-        new = dataclasses.replace(
-            p, value=value, transform=transform, bounds=(lo, hi), fixed=fixed
-        )
-        if new != p:
-            new_params[name], changed = new, True
-    if not changed:
-        return spec
-    return dataclasses.replace(
-        spec,
-        parameters=tuple(new_params[p.name] for p in spec.parameters),
-        neural=tuple(new_neural[n.name] for n in spec.neural),
-    )
 
 
 # --------------------------------------------------------------- free parameters
@@ -309,8 +229,6 @@ def constrained_dict(problem: Problem, params) -> dict[str, Any]:
 
 def starting_params(problem: Problem, init, values) -> dict:
     """The model's initial parameters, or `init`, with constrained `values`."""
-    from epifit.fitting._result import FitResult
-
     if isinstance(init, FitResult):
         init = init.params
     if init is None:

@@ -34,7 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from epifit._jit import jit
-from epifit.fitting._loss import FitObjective
+from epifit.fitting._objective import Objective
 from epifit.model import constrain
 
 __all__ = ["Laplace", "laplace", "parameter_table"]
@@ -61,7 +61,7 @@ class Laplace:
 
 
 def laplace(
-    objective: FitObjective,
+    objective: Objective,
     x,
     data,
     *,
@@ -90,7 +90,7 @@ def laplace(
     if noise == "estimate" and not objective.gaussian_data:
         raise ValueError(
             "noise = 'estimate' applies to gaussian observations only; this fit has "
-            f"{sorted(set(objective.families.values()))} observations."
+            f"{sorted({o.family for o in objective.observations})} observations."
         )
     s2 = None
     dof = objective.n_data - n
@@ -112,14 +112,13 @@ def laplace(
             H = 2.0 * (Jd.T @ Jd + Jp.T @ Jp)
     elif method == "hessian":
         # the data part is the expensive one (a solve); the penalty has none
-        penalty = lambda x, d: objective.free.penalty(x, d["rest"])  # noqa: E731
-        Hd = np.asarray(jit(jax.hessian(objective.data_loss))(x, data), np.float64)
-        Hp = np.asarray(jit(jax.hessian(penalty))(x, data), np.float64)
+        Hd = np.asarray(jit(objective.data_hessian)(x, data), np.float64)
+        Hp = np.asarray(jit(objective.penalty_hessian)(x, data), np.float64)
         if estimate:
             if loss is None:
                 ssr = float(jit(objective.data_loss)(x, data))
             else:
-                ssr = float(loss) - float(jit(penalty)(x, data))
+                ssr = float(loss) - float(jit(objective.penalty)(x, data))
             s2 = ssr / dof if dof > 0 else math.nan
             H = Hd / (2.0 * s2) + Hp
         else:
@@ -177,7 +176,7 @@ def _z(level: float) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2.0)
 
 
-def _table_arrays(objective: FitObjective, x, se_x, data, z):
+def _table_arrays(objective: Objective, x, se_x, data, z):
     """Everything the parameter table needs, in one compiled call: constrained
     values, and for every free entry its slope `dc/dx` and the transformed
     interval ends; derived values and their gradients."""
@@ -217,7 +216,7 @@ def _table_arrays(objective: FitObjective, x, se_x, data, z):
 
 
 def parameter_table(
-    objective: FitObjective,
+    objective: Objective,
     x,
     data,
     covariance: np.ndarray | None,

@@ -1,0 +1,291 @@
+"""`FIT.nc`: a `FitResult` as an xarray Dataset, written and read back.
+
+The file holds the fitted trajectories and observations, residuals, the
+optimiser's histories, the parameter table, every unconstrained coefficient
+with the covariance of the free ones, and provenance attributes
+(`epifit_kind = "fit"`): enough to rebuild the fitted model and its parameters
+without the original files.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import numpy as np
+import xarray as xr
+from jax.flatten_util import ravel_pytree
+
+from epifit._paths import file_sha256
+from epifit.data import PATCH, TIME, DataError, open_dataset
+from epifit.fitting._config import parse_fit_config
+from epifit.fitting._overrides import override_spec
+from epifit.model import as_model, compile_model, loads_model
+from epifit.simulation import Problem
+
+__all__ = ["KIND", "TABLE_VARS", "fit_dataset", "read_fit"]
+
+KIND = "fit"
+TABLE_VARS = ("estimate", "se", "lower", "upper")
+
+
+# ------------------------------------------------------------------ writing
+def fit_dataset(fit: Any) -> xr.Dataset:
+    """`FIT.nc` as a Dataset (see `FitResult.to_dataset`); `fit` is a
+    `FitResult`."""
+    if fit.trajectories is None:
+        raise ValueError("This FitResult has no trajectories to write.")
+    ds = _with_residuals(fit.trajectories.copy())
+    ds = _with_histories(ds, fit)
+    ds = _with_table(ds, fit.table, fit.uncertainty.get("level", 0.95))
+    ds = _with_coefficients(ds, fit)
+    ds.attrs = _attributes(fit, dict(ds.attrs))
+    return ds
+
+
+def _with_residuals(ds: xr.Dataset) -> xr.Dataset:
+    for name in list(ds.data_vars):
+        if name.startswith("observed_"):
+            obs = name[len("observed_") :]
+            if f"predicted_{obs}" in ds:
+                ds[f"residual_{obs}"] = ds[name] - ds[f"predicted_{obs}"]
+                ds[f"residual_{obs}"].attrs["long_name"] = (
+                    f"observed minus predicted '{obs}'"
+                )
+    return ds
+
+
+def _with_histories(ds: xr.Dataset, fit: Any) -> xr.Dataset:
+    n_it = len(fit.loss_history)
+    it = np.arange(1, n_it + 1)
+    ds = ds.assign_coords(iteration=("iteration", it))
+    ds["loss_history"] = ("iteration", np.asarray(fit.loss_history, float))
+    ds["grad_norm_history"] = (
+        "iteration",
+        np.asarray(fit.grad_norm_history, float),
+        {"long_name": "max |gradient| (unconstrained coordinates)"},
+    )
+    ds["step_history"] = ("iteration", np.asarray(fit.step_history, float))
+    ds["phase_history"] = ("iteration", np.asarray(fit.phase_history, np.int32))
+    return ds
+
+
+def _with_table(ds: xr.Dataset, rows: list[dict], level: float) -> xr.Dataset:
+    ds = ds.assign_coords(
+        parameter=("parameter", [r["label"] for r in rows]),
+        parameter_name=("parameter", [r["name"] for r in rows]),
+        parameter_patch=("parameter", [r["patch"] for r in rows]),
+        parameter_kind=("parameter", [r["kind"] for r in rows]),
+    )
+    for k in TABLE_VARS:
+        ds[k] = ("parameter", np.asarray([r[k] for r in rows], float))
+    ds["lower"].attrs["long_name"] = f"lower end of the {100 * level:g}% interval"
+    ds["upper"].attrs["long_name"] = f"upper end of the {100 * level:g}% interval"
+    ds["se"].attrs["long_name"] = "standard error (delta method)"
+    return ds
+
+
+def _with_coefficients(ds: xr.Dataset, fit: Any) -> xr.Dataset:
+    ds = ds.assign_coords(
+        coefficient=("coefficient", list(fit.coefficient_labels)),
+        free=("free", list(fit.labels)),
+        free_to=("free_to", list(fit.labels)),
+    )
+    ds["coefficients"] = (
+        "coefficient",
+        np.asarray(fit.coefficients, float),
+        {"long_name": "every parameter array element, unconstrained"},
+    )
+    ds["coefficient_free"] = (
+        "coefficient",
+        np.asarray(fit.coefficient_free, np.int8),
+    )
+    ds["x"] = ("free", np.asarray(fit.x, float))
+    cov = (
+        np.full((len(fit.labels),) * 2, np.nan)
+        if fit.covariance is None
+        else np.asarray(fit.covariance, float)
+    )
+    ds["covariance"] = (
+        ("free", "free_to"),
+        cov,
+        {"long_name": "Laplace covariance of the free unconstrained vector"},
+    )
+    ds = ds.assign_coords(start=("start", np.arange(len(fit.start_losses))))
+    ds["start_loss"] = ("start", np.asarray(fit.start_losses, float))
+    ds["start_initial_loss"] = ("start", np.asarray(fit.initial_losses, float))
+    return ds
+
+
+def _attributes(fit: Any, attrs: dict) -> dict:
+    attrs.update(
+        title=f"epifit fit of model '{attrs.get('model', '')}'",
+        epifit_kind=KIND,
+        loss=float(fit.loss),
+        iterations=int(fit.iterations),
+        converged=int(bool(fit.converged)),
+        message=fit.message,
+        best_start=int(fit.best_start),
+        model_text=fit.model_text,
+        fit_config=json.dumps(fit.fit_config, default=_json_default),
+        settings=json.dumps(fit.settings, default=_json_default),
+        uncertainty=json.dumps(fit.uncertainty, default=_json_default),
+        timing=json.dumps(fit.timing),
+        created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        **{f"solver_{k}": int(v) for k, v in fit.solver_stats.items()},
+        **{k: v for k, v in fit.hashes.items() if v},
+        **{f"version_{k}": v for k, v in fit.versions.items()},
+    )
+    for k in ("seed", "n_starts", "perturbation"):
+        if fit.settings.get(k) is not None:
+            attrs[k] = fit.settings[k]
+    return attrs
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return list(obj)
+    return str(obj)
+
+
+# ------------------------------------------------------------------ reading
+def read_fit(
+    path: str | os.PathLike,
+    *,
+    model=None,
+    data: xr.Dataset | str | os.PathLike | None = None,
+) -> dict[str, Any]:
+    """The fields of the `FitResult` stored in a `FIT.nc` (see
+    `FitResult.from_netcdf`)."""
+    ds = open_dataset(path)
+    kind = ds.attrs.get("epifit_kind")
+    if kind != KIND:
+        raise DataError(
+            f"'{path}' is not an epifit fit file (epifit_kind = {kind!r}); "
+            "write one with `epifit calibrate` or FitResult.to_netcdf."
+        )
+    fit_config = json.loads(ds.attrs.get("fit_config", "{}"))
+    spec = _stored_spec(ds, path, model)
+    n_patches = int(ds.sizes[PATCH])
+    spec = override_spec(spec, parse_fit_config(fit_config), n_patches)
+    compiled = compile_model(spec)
+    params, coefficients = _stored_params(ds, path, compiled, n_patches)
+    values = compiled.constrain(params)
+    neural = {n.name for n in spec.neural}
+    values = {k: np.asarray(v) for k, v in values.items() if k not in neural}
+    return dict(
+        params=params,
+        values=values,
+        table=_stored_table(ds),
+        coefficients=coefficients,
+        problem=_stored_problem(ds, compiled, data),
+        fit_config=fit_config,
+        **_stored_fields(ds),
+    )
+
+
+def _stored_spec(ds: xr.Dataset, path, model):
+    """The model spec: the model given, else the model text in the file."""
+    if model is not None:
+        return as_model(model).spec
+    text = ds.attrs.get("model_text", "")
+    if not text:
+        raise DataError(
+            f"'{path}' stores no model text (the model was built in Python);"
+            " pass model= to from_netcdf."
+        )
+    return loads_model(text, path=ds.attrs.get("model_file") or str(path))
+
+
+def _stored_params(ds: xr.Dataset, path, compiled, n_patches: int):
+    """The fitted parameter pytree from the stored coefficients."""
+    template = compiled.init_params(n_patches)
+    arrays, static = eqx.partition(template, eqx.is_inexact_array)
+    flat, unravel = ravel_pytree(arrays)
+    coefficients = np.asarray(ds["coefficients"].values, np.float64)
+    if coefficients.size != flat.size:
+        raise DataError(
+            f"'{path}' holds {coefficients.size} coefficients; model "
+            f"'{compiled.spec.name}' with {n_patches} patches has {flat.size}."
+        )
+    params = eqx.combine(unravel(np.asarray(coefficients, flat.dtype)), static)
+    return params, coefficients
+
+
+def _stored_problem(ds: xr.Dataset, compiled, data) -> Problem | None:
+    """The problem bound to `data`, else to the original data file when it
+    still exists with the same SHA-256, else None."""
+    data_file = ds.attrs.get("data_file")
+    if data is None and data_file and Path(data_file).exists():
+        if file_sha256(data_file) == ds.attrs.get("data_sha256"):
+            data = data_file
+    if data is None:
+        return None
+    problem = Problem(compiled, data)
+    if isinstance(data, str | os.PathLike):
+        problem.data_path = str(data)
+    return problem
+
+
+def _stored_table(ds: xr.Dataset) -> list[dict]:
+    return [
+        dict(
+            label=str(lab),
+            name=str(ds["parameter_name"].values[i]),
+            patch=str(ds["parameter_patch"].values[i]),
+            kind=str(ds["parameter_kind"].values[i]),
+            **{k: float(ds[k].values[i]) for k in TABLE_VARS},
+        )
+        for i, lab in enumerate(ds["parameter"].values)
+    ]
+
+
+def _stored_fields(ds: xr.Dataset) -> dict[str, Any]:
+    """The fields stored as variables and attributes as they are."""
+    cov = np.asarray(ds["covariance"].values, np.float64)
+    if cov.size and np.all(np.isnan(cov)):
+        cov = None
+    traj_vars = [
+        v for v in ds.data_vars if set(ds[v].dims) <= {TIME, PATCH, "state_row"}
+    ]
+    a = ds.attrs
+    return dict(
+        loss=float(a["loss"]),
+        iterations=int(a["iterations"]),
+        converged=bool(int(a["converged"])),
+        message=str(a.get("message", "")),
+        loss_history=np.asarray(ds["loss_history"].values),
+        grad_norm_history=np.asarray(ds["grad_norm_history"].values),
+        step_history=np.asarray(ds["step_history"].values),
+        phase_history=np.asarray(ds["phase_history"].values),
+        labels=tuple(str(v) for v in ds["free"].values),
+        x=np.asarray(ds["x"].values),
+        covariance=cov,
+        coefficient_labels=tuple(str(v) for v in ds["coefficient"].values),
+        coefficient_free=np.asarray(ds["coefficient_free"].values, bool),
+        start_losses=np.asarray(ds["start_loss"].values),
+        initial_losses=np.asarray(ds["start_initial_loss"].values),
+        best_start=int(a.get("best_start", 0)),
+        uncertainty=json.loads(a.get("uncertainty", "{}")),
+        settings=json.loads(a.get("settings", "{}")),
+        solver_stats=_prefixed(a, "solver_", int),
+        timing=json.loads(a.get("timing", "{}")),
+        trajectories=ds[traj_vars],
+        model_text=str(a.get("model_text", "")),
+        hashes={k: a[k] for k in ("model_sha256", "data_sha256") if k in a},
+        versions=_prefixed(a, "version_", lambda v: v),
+    )
+
+
+def _prefixed(attrs: dict, prefix: str, convert) -> dict[str, Any]:
+    return {
+        k[len(prefix) :]: convert(v) for k, v in attrs.items() if k.startswith(prefix)
+    }
