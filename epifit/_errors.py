@@ -34,7 +34,10 @@ class LocatedError(ValueError):
 
 def describe_type(value: object) -> str:
     """A short description of a value's type for error messages: `int 3`."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except RecursionError:  # a value nested too deeply to print
+        text = "(nested too deeply to show)"
     if len(text) > 40:
         text = text[:37] + "..."
     return f"{type(value).__name__} {text}"

@@ -52,14 +52,20 @@ class Reader:
         return self.error(reason, file=self.file, location=location)
 
     def toml(self, text: str) -> dict:
-        """`text` parsed as TOML; malformed TOML fails at `line N`."""
+        """`text` parsed as TOML; malformed TOML fails at `line N`, and arrays
+        or tables nested more than `MAX_NESTING` deep fail naming the file."""
         try:
-            return tomllib.loads(text)
+            data = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             match = re.search(r"line (\d+)", str(e))
             # "at end of document": the error is on the last line
             line = match.group(1) if match else max(1, len(text.splitlines()))
             raise self.fail(f"line {line}", f"invalid TOML: {e}") from None
+        except (RecursionError, MemoryError):
+            raise self.fail(None, _too_deep()) from None
+        if (where := _too_deep_at(data)) is not None:
+            raise self.fail(where, _too_deep())
+        return data
 
     def toml_file(self, path: Path, kind: str) -> dict:
         """The TOML file `path` parsed (see `toml`); `kind` names what it is in
@@ -151,6 +157,34 @@ class Reader:
         return name
 
 
+MAX_NESTING = 32  # arrays and tables inside one another; the formats use 4
+
+
+def _too_deep() -> str:
+    return (
+        f"invalid TOML: arrays or tables nested more than {MAX_NESTING} deep; "
+        "no epifit file needs more than a few levels"
+    )
+
+
+def _too_deep_at(data: Any) -> str | None:
+    """The location of the first value nested more than `MAX_NESTING` deep in
+    parsed TOML, or `None`; iterative, so it cannot exhaust the stack."""
+    stack: list[tuple[Any, str | None, int]] = [(data, None, 0)]
+    while stack:
+        value, location, depth = stack.pop()
+        if depth > MAX_NESTING:
+            return location
+        if isinstance(value, Mapping):
+            items = ((at(location, str(k)), v) for k, v in value.items())
+        elif isinstance(value, list):
+            items = ((at(location, i), v) for i, v in enumerate(value))
+        else:
+            continue
+        stack.extend((v, loc, depth + 1) for loc, v in items)
+    return None
+
+
 def read_values_file(path: Path, fail: Callable[[str], Exception]) -> dict:
     """Parameter values (`name = value`) from a JSON file (`.json`) or a TOML
     file, at the top level or in a `parameters` table; a file that does not
@@ -160,4 +194,6 @@ def read_values_file(path: Path, fail: Callable[[str], Exception]) -> dict:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except ValueError as e:
         raise fail(str(e)) from e
+    except RecursionError:
+        raise fail(_too_deep().removeprefix("invalid TOML: ")) from None
     return dict(data.get("parameters", data))
