@@ -15,7 +15,9 @@ from epifit.data._validate import (
     check_time,
     require_dims,
     require_finite,
+    require_magnitude,
     require_nonnegative,
+    require_nonnegative_covariate,
     require_positive,
     require_real,
     require_variable,
@@ -65,11 +67,12 @@ def validate_dataset(
     names, in any order: variables are transposed to the requested order),
     dataset sizes (`sizes`), a real dtype, and finiteness. Observations may be
     NaN (missing: masked out of the likelihood) but not negative (they are
-    counts) nor infinite; covariates may be neither NaN nor infinite, and a
-    `population` covariate must be positive. The `time` coordinate must be
-    dates or integer days, without duplicates, sorted and daily; the `patch`
-    coordinate must hold unique string labels, and `patch_to` the same labels in
-    the same order.
+    counts), infinite, nor beyond 1e15 in magnitude (no count is that large);
+    covariates may be neither NaN nor infinite, a `population` covariate must
+    be positive and a coupling matrix (dim `patch_to`) non-negative. The `time`
+    coordinate must be dates or integer days, without duplicates, sorted and
+    daily; the `patch` coordinate must hold unique string labels, and
+    `patch_to` the same labels in the same order.
 
     Patches are matched by label. The dataset is reordered to the model's
     order. Patches of the model missing from the data are always an error;
@@ -210,6 +213,7 @@ def _bind_observations(
         da = require_dims(ds[name], name, dims)
         require_finite(da, name, "observation")
         require_nonnegative(da, name, "counts")
+        require_magnitude(da, name, "observation")
         values = np.asarray(da.values, dtype=np.float64)
         mask[name] = ~np.isnan(values)
         observed[name] = np.where(mask[name], values, 0.0)
@@ -220,15 +224,18 @@ def _bind_observations(
 def _bind_covariates(
     ds: xr.Dataset, covariates: Mapping[str, Dims]
 ) -> dict[str, np.ndarray]:
-    """The covariates as C-contiguous `float64`; complete, finite, and a positive
-    `population`. Writes each variable, transposed to its requested dims, back
-    into `ds` (the caller's shallow copy)."""
+    """The covariates as C-contiguous `float64`; complete, finite, a positive
+    `population` and non-negative coupling matrices (dim `patch_to`). Writes
+    each variable, transposed to its requested dims, back into `ds` (the
+    caller's shallow copy)."""
     bound = {}
     for name, dims in covariates.items():
         da = require_dims(ds[name], name, dims)
         require_finite(da, name, "covariate")
         if name == POPULATION:
             require_positive(da, name)
+        if PATCH_TO in dims:
+            require_nonnegative_covariate(da, name, "a coupling matrix")
         bound[name] = np.ascontiguousarray(da.values, dtype=np.float64)
         ds[name] = da
     return bound

@@ -35,9 +35,11 @@ def from_csv(
       `(time,)`.
 
     The time column holds dates (anything `pandas.to_datetime` parses, such as
-    `1978-01-22`) or integer day numbers. With `fill_days=True` (the default)
-    the time axis is completed to every day from the first to the last, with NaN
-    for the days without rows, so the result is on the daily grid epifit needs.
+    `1978-01-22`, at midnight and without a time zone: a time of day, such as
+    `2020-03-01T12:00`, is refused rather than dropped) or integer day numbers.
+    With `fill_days=True` (the default) the time axis is completed to every day
+    from the first to the last, with NaN for the days without rows, so the
+    result is on the daily grid epifit needs.
     Place labels are read as strings (so `01001` keeps its leading zero) and
     values as `float64`, so that missing entries can be NaN.
 
@@ -60,7 +62,8 @@ def from_csv(
     Raises:
         DataError: if the file is missing or unreadable, a named column is absent
             (the message lists the columns found), a date or value does not
-            parse, or a (date, place) pair appears twice.
+            parse, a date has a time of day or a time zone (naming the row), or
+            a (date, place) pair appears twice.
 
     Examples:
         >>> import io, pathlib, tempfile
@@ -202,6 +205,19 @@ def _parse_time(column: pd.Series, name: str, path: Path) -> np.ndarray:
                     f"{row + 2}) as a date; write dates as YYYY-MM-DD or use "
                     "integer day numbers."
                 ) from None
+    if getattr(parsed.dt, "tz", None) is not None:
+        raise DataError(
+            f"Column '{name}' of '{path}' has dates with a time zone (row 2: "
+            f"{column.iloc[0]!r}); write dates as YYYY-MM-DD."
+        )
+    off = (parsed != parsed.dt.normalize()).to_numpy()
+    if off.any():
+        row = int(np.flatnonzero(off)[0])
+        raise DataError(
+            f"Date {column.iloc[row]!r} in column '{name}' of '{path}' (row "
+            f"{row + 2}) has a time of day; epifit counts whole days: write the "
+            "date alone (YYYY-MM-DD), or sum the rows of each day before import."
+        )
     return parsed.to_numpy().astype("datetime64[ns]")
 
 

@@ -80,6 +80,38 @@ def require_nonnegative(da: xr.DataArray, name: str, what: str) -> None:
         )
 
 
+# No count or level of an epidemic exceeds this; beyond it, float32 loses
+# whole units and squared residuals overflow float64 (1e300 ** 2).
+MAX_MAGNITUDE = 1e15
+
+
+def require_magnitude(da: xr.DataArray, name: str, role: str) -> None:
+    """Every value's magnitude at most `MAX_MAGNITUDE` (NaN passes)."""
+    values = np.asarray(da.values, dtype=np.float64)
+    big = np.abs(values) > MAX_MAGNITUDE  # NaN compares False
+    if big.any():
+        first = int(np.flatnonzero(big)[0])
+        raise DataError(
+            f"{role.capitalize()} '{name}' has {int(big.sum())} value(s) beyond "
+            f"{MAX_MAGNITUDE:g} in magnitude, first {float(values.flat[first])!r} at "
+            f"{locate(da, first)}; no count or level is that large: check the "
+            "units, or use NaN for missing"
+        )
+
+
+def require_nonnegative_covariate(da: xr.DataArray, name: str, what: str) -> None:
+    """A covariate that is `what` (a coupling matrix, a population) is >= 0."""
+    values = np.asarray(da.values, dtype=np.float64)
+    negative = values < 0
+    if negative.any():
+        first = int(np.flatnonzero(negative)[0])
+        raise DataError(
+            f"Covariate '{name}' is {what} and must be >= 0; found "
+            f"{int(negative.sum())} negative value(s), first "
+            f"{float(values.flat[first])!r} at {locate(da, first)}"
+        )
+
+
 def require_positive(da: xr.DataArray, name: str) -> None:
     values = np.asarray(da.values, dtype=np.float64)
     bad = ~(values > 0)
