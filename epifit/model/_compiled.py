@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 import jax.random as jr
 import jax.tree_util as jtu
@@ -163,14 +164,35 @@ class CompiledModel(eqx.Module):
         return out
 
     def unconstrain(self, values: Mapping[str, Any]) -> Params:
-        """Inverse of [`constrain`][]; derived quantities in `values` are ignored."""
+        """Inverse of [`constrain`][]; derived quantities in `values` are ignored.
+
+        Raises:
+            ValueError: for a concrete value (not traced) that is NaN or lies
+                outside its parameter's range `[lower, upper]` (e.g. `beta = -1`
+                for a `softplus` parameter), which has no unconstrained value.
+        """
         self._check_params(values, "values")
         params: dict[str, Any] = {}
         for p in self.spec.parameters:
+            self._check_range(p, values[p.name])
             params[p.name] = unconstrain(p.transform, values[p.name], *p.bounds)
         for n in self.spec.neural:
             params[n.name] = values[n.name]
         return params
+
+    def _check_range(self, p, value: Any) -> None:
+        if isinstance(value, jax.core.Tracer):
+            return
+        v = np.ravel(np.asarray(value, dtype=np.float64))
+        lo, hi = p.bounds
+        bad = np.isnan(v) | (v < lo) | (v > hi)
+        if bad.any():
+            where = f" (model {self.spec.path})" if self.spec.path else ""
+            raise ValueError(
+                f"parameter {p.name!r} = {float(v[bad][0])!r} lies outside its "
+                f"range [{lo:g}, {hi:g}] (transform {p.transform!r}){where}; give "
+                "a value inside the range"
+            )
 
     def free_mask(self, params: Params) -> PyTree[bool]:
         """Bools for `eqx.partition`: False for fixed parameters and for the

@@ -3,6 +3,17 @@
 Model text is parsed with Python's `ast` module into a small tree of tuples, each
 node checked against a whitelist, and evaluated by walking that tree with `jnp`.
 Nothing is ever passed to `eval`, `exec` or `compile`.
+
+Depth counts nesting, not length: a left-associative chain such as
+`a + b - c + ...` or `a * b / c` is one node of the tree (`"chain"`), however
+many terms it has, so a long flat sum is accepted while 65 nested parentheses or
+unary minuses are not. Walking, evaluating and folding recurse only into
+nested operands, so their recursion depth is bounded by `MAX_DEPTH`.
+
+[`fold`][] evaluates the parts of an expression that are constant (numbers and
+names of known constant values) with NumPy at load time, so that a rate such as
+`gamma / 0` or `exp(1000)` is refused when the model is read, not when a fit
+meets an infinite rate.
 """
 
 from __future__ import annotations
@@ -15,11 +26,12 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array
 
 from epifit.model._errors import ModelSpecError
 
-__all__ = ["FUNCTIONS", "Expression", "parse_expression"]
+__all__ = ["FUNCTIONS", "Expression", "fold", "parse_expression"]
 
 MAX_LENGTH = 2000
 MAX_DEPTH = 64
@@ -49,6 +61,8 @@ FUNCTIONS: dict[str, tuple[int, int | None, Callable[..., Array]]] = {
     "max": (2, None, _reduce(jnp.maximum)),
 }
 
+# the operators of a left-associative chain: one group per precedence level
+_CHAIN_GROUP = {ast.Add: 0, ast.Sub: 0, ast.Mult: 1, ast.Div: 1}
 _BINARY = {
     ast.Add: "add",
     ast.Sub: "sub",
@@ -77,7 +91,10 @@ class Expression:
 
     Attributes:
         tree: nested tuples: `("num", x)`, `("name", n)`, `("neg", t)`,
-            `(op, a, b)` for `op` in add/sub/mul/div/pow, `("call", f, args)`.
+            `("pow", a, b)`, `("call", f, args)`, and `("chain", first,
+            ((op, operand), ...))` for a left-associative chain of `op` in
+            add/sub/mul/div (`a - b + c` is `first = a`, then `(sub, b)`,
+            `(add, c)`), evaluated left to right.
         source: the text it was parsed from.
         names: the parameter/derived/input names it reads.
     """
@@ -110,6 +127,11 @@ def _evaluate(node: tuple, env: Mapping[str, Any]) -> Any:
         return -_evaluate(node[1], env)
     if kind == "call":
         return FUNCTIONS[node[1]][2](*(_evaluate(a, env) for a in node[2]))
+    if kind == "chain":
+        out = _evaluate(node[1], env)
+        for op, operand in node[2]:
+            out = _BINARY_IMPL[op](out, _evaluate(operand, env))
+        return out
     return _BINARY_IMPL[kind](_evaluate(node[1], env), _evaluate(node[2], env))
 
 
@@ -210,6 +232,8 @@ class _Walker:
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
             inner = self.walk(node.operand, depth + 1)
             return ("neg", inner) if isinstance(node.op, ast.USub) else inner
+        if isinstance(node, ast.BinOp) and type(node.op) in _CHAIN_GROUP:
+            return self.chain(node, depth)
         if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
             return (
                 _BINARY[type(node.op)],
@@ -222,6 +246,19 @@ class _Walker:
             f"invalid expression {text!r}: {self.token(node)!r} "
             f"({type(node).__name__}) is not allowed; allowed: {ALLOWED}"
         )
+
+    def chain(self, node: ast.BinOp, depth: int) -> tuple:
+        """A left-associative chain `a + b - c` (or `a * b / c`) as one node:
+        its terms are one level deeper, however many there are. Walks the left
+        spine iteratively, so a long chain does not recurse."""
+        group = _CHAIN_GROUP[type(node.op)]
+        ops = []
+        while isinstance(node, ast.BinOp) and _CHAIN_GROUP.get(type(node.op)) == group:
+            ops.append((_BINARY[type(node.op)], node.right))
+            node = node.left
+        first = self.walk(node, depth + 1)
+        rest = tuple((op, self.walk(right, depth + 1)) for op, right in reversed(ops))
+        return ("chain", first, rest)
 
     def constant(self, node: ast.Constant) -> tuple:
         text, fail = self.text, self.fail
@@ -266,3 +303,114 @@ class _Walker:
                 f"argument(s), got {n}"
             )
         return ("call", func.id, tuple(self.walk(a, depth + 1) for a in node.args))
+
+
+# -- folding constant parts at load time --------------------------------------------
+_NP_FUNCTIONS: dict[str, Callable[..., np.ndarray]] = {
+    "exp": np.exp,
+    "log": np.log,
+    "log1p": np.log1p,
+    "expm1": np.expm1,
+    "sqrt": np.sqrt,
+    "softplus": lambda x: np.logaddexp(0.0, x),
+    "sigmoid": lambda x: 1.0 / (1.0 + np.exp(-x)),
+    "abs": np.abs,
+    "min": _reduce(np.minimum),
+    "max": _reduce(np.maximum),
+}
+
+
+class _NotFinite(Exception):
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def fold(
+    expr: Expression, env: Mapping[str, Any]
+) -> tuple[np.ndarray | None, str | None]:
+    """Evaluate the constant parts of `expr` with NumPy (`float64`).
+
+    A part is constant when it reads only numbers and names in `env` (known
+    constant values: fixed parameters, derived quantities of them).
+
+    Returns:
+        `(value, problem)`: `value` the whole expression's value when it is
+        constant (else `None`); `problem` a sentence saying which constant part
+        is not finite (`"'exp(1000)' is inf"`) or divides by a constant zero
+        (`"'gamma / 0' divides by zero"`), else `None`.
+
+    Examples:
+        >>> fold(parse_expression("2 * a"), {"a": 1.5})[0].item()
+        3.0
+        >>> fold(parse_expression("gamma / 0"), {})
+        (None, "'gamma / 0' divides by zero")
+    """
+    try:
+        with np.errstate(all="ignore"):
+            return _fold(expr.tree, env), None
+    except _NotFinite as e:
+        return None, e.reason
+    except (ValueError, TypeError):  # shapes that do not broadcast: not folded
+        return None, None
+
+
+def _fold(node: tuple, env: Mapping[str, Any]) -> np.ndarray | None:
+    kind = node[0]
+    if kind == "num":
+        return np.float64(node[1])
+    if kind == "name":
+        v = env.get(node[1])
+        return None if v is None else np.asarray(v, np.float64)
+    if kind == "neg":
+        v = _fold(node[1], env)
+        return None if v is None else -v
+    if kind == "call":
+        args = [_fold(a, env) for a in node[2]]
+        if any(a is None for a in args):
+            return None
+        return _finite(node, _NP_FUNCTIONS[node[1]](*args))
+    if kind == "chain":
+        out = _fold(node[1], env)
+        for j, (op, operand) in enumerate(node[2]):
+            v = _fold(operand, env)
+            if op == "div" and v is not None and (v == 0).any():
+                part = ("chain", node[1], node[2][: j + 1])
+                raise _NotFinite(f"{_text(part)!r} divides by zero")
+            out = None if out is None or v is None else _BINARY_IMPL[op](out, v)
+            if out is not None:
+                _finite(("chain", node[1], node[2][: j + 1]), out)
+        return out
+    a, b = _fold(node[1], env), _fold(node[2], env)
+    return None if a is None or b is None else _finite(node, a**b)
+
+
+def _finite(node: tuple, value: np.ndarray) -> np.ndarray:
+    if not np.isfinite(value).all():
+        bad = np.ravel(value)[~np.isfinite(np.ravel(value))][0]
+        raise _NotFinite(f"{_text(node)!r} is {bad}")
+    return value
+
+
+def _text(node: tuple) -> str:
+    """The expression of `node` as text, for messages."""
+    kind = node[0]
+    if kind == "num":
+        x = node[1]
+        return str(int(x)) if x.is_integer() and abs(x) < 1e15 else repr(x)
+    if kind == "name":
+        return node[1]
+    if kind == "neg":
+        return f"-{_operand(node[1])}"
+    if kind == "call":
+        return f"{node[1]}({', '.join(_text(a) for a in node[2])})"
+    symbols = {"add": "+", "sub": "-", "mul": "*", "div": "/", "pow": "**"}
+    if kind == "chain":
+        parts = [_operand(node[1])]
+        parts += [f"{symbols[op]} {_operand(x)}" for op, x in node[2]]
+        return " ".join(parts)
+    return f"{_operand(node[1])} ** {_operand(node[2])}"
+
+
+def _operand(node: tuple) -> str:
+    text = _text(node)
+    return text if node[0] in ("num", "name", "call") else f"({text})"

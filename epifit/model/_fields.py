@@ -53,3 +53,16 @@ PLURALS = {
 }
 RATE_NAMES = ("parameter", "derived quantity", "neural sub-model", "covariate")
 STATIC_NAMES = ("parameter", "derived quantity")
+
+
+# The values a field requires, by the use named in messages (see
+# `SectionContext.expression`): (lower, upper, lower bound included).
+# Constant expressions (numbers, fixed parameters) and the initial values of
+# the parameters are checked against them when the model is read.
+REQUIRED_RANGES: dict[str, tuple[float, float, bool]] = {
+    "a rate": (0.0, float("inf"), True),
+    "a transmission rate": (0.0, float("inf"), True),
+    "a probability": (0.0, 1.0, True),
+    "an initial condition": (0.0, float("inf"), True),
+    "a population": (0.0, float("inf"), False),
+}

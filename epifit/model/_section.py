@@ -9,13 +9,16 @@ here and reads the names of the sections before it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from epifit._errors import describe_type
 from epifit._toml import at, join
-from epifit.model._expression import Expression, parse_expression
-from epifit.model._fields import PLURALS, TOP_LEVEL, ModelReader
+from epifit.model._expression import Expression, fold, parse_expression
+from epifit.model._fields import PLURALS, REQUIRED_RANGES, TOP_LEVEL, ModelReader
 
 __all__ = ["SectionContext"]
 
@@ -33,6 +36,11 @@ class SectionContext:
         stages: compartment -> number of stages (from `[[compartments]]`).
         covariate_dims: covariate -> dims (from `[covariates]`).
         coupling_names: the declared couplings (from `[couplings]`).
+        constants: name -> value of the fixed parameters and of the derived
+            quantities of them: what is known before any fit.
+        start: name -> value of every parameter and derived quantity at the
+            parameters' initial values.
+        ranges: parameter -> `(transform, lower, upper, fixed)`.
     """
 
     def __init__(self, data: Any, file: str | None):
@@ -47,6 +55,9 @@ class SectionContext:
         self.stages: dict[str, int] = {}
         self.covariate_dims: dict[str, tuple[str, ...]] = {}
         self.coupling_names: list[str] = []
+        self.constants: dict[str, np.ndarray] = {}
+        self.start: dict[str, np.ndarray] = {}
+        self.ranges: dict[str, tuple[str, float, float, bool]] = {}
 
     def declare(self, name: str, kind: str, location: str) -> None:
         """Add `name` to the one namespace all declared names share."""
@@ -91,10 +102,18 @@ class SectionContext:
         return name
 
     def expression(
-        self, value: Any, location: str, allowed: tuple[str, ...], context: str
+        self,
+        value: Any,
+        location: str,
+        allowed: tuple[str, ...],
+        context: str,
+        *,
+        check: bool = True,
     ) -> Expression:
         """An expression whose names are declared symbols of the `allowed` kinds;
-        marks them used. `context` names the use in messages (`"a rate"`)."""
+        marks them used. `context` names the use in messages (`"a rate"`) and
+        selects the values it requires (`REQUIRED_RANGES`); with `check`, its
+        value is checked as [`check_value`][] says."""
         expr = parse_expression(value, file=self.file, location=location)
         for name in sorted(expr.names):
             if name not in self.symbols:
@@ -113,4 +132,74 @@ class SectionContext:
                     f"{', '.join(plural[:-1])} and {plural[-1]} only",
                 )
             self.used.add(name)
+        if check:
+            self.check_value(expr, location, context)
         return expr
+
+    def check_value(self, expr: Expression, location: str, context: str) -> None:
+        """Refuse what cannot be a valid value of `context`, known at load time:
+
+        - a constant part that is not finite or divides by zero (`gamma / 0`,
+          `exp(1000)`, `log(N - N)` with `N` fixed);
+        - a value outside the field's range (`REQUIRED_RANGES`: rates,
+          transmission rates and initial conditions >= 0, probabilities in
+          [0, 1], populations > 0), for a constant expression or at the
+          parameters' initial values;
+        - a probability that is a free parameter whose transform can leave
+          [0, 1] (the identity: a fit would move it to any real number).
+
+        What depends on covariates or on fitted values is checked at run time.
+        """
+        _, problem = fold(expr, self.constants)
+        if problem is not None:
+            raise self.r.fail(
+                location,
+                f"expression {expr.source!r} is not finite: {problem}; "
+                f"{context} must be a finite number",
+            )
+        value, problem = fold(expr, self.start)
+        if problem is not None:
+            raise self.r.fail(
+                location,
+                f"expression {expr.source!r} is not finite at the parameters' "
+                f"initial values: {problem}; change the initial values or the "
+                "expression",
+            )
+        if context not in REQUIRED_RANGES:
+            return
+        lo, hi, closed = REQUIRED_RANGES[context]
+        want = f">= {lo:g}" if closed else f"> {lo:g}"
+        if hi < math.inf:
+            want = f"in [{lo:g}, {hi:g}]"
+        if value is not None:
+            v = np.ravel(value)
+            bad = (v < lo) | (v > hi) | ((v == lo) & (not closed))
+            if bad.any():
+                when = (
+                    ""
+                    if fold(expr, self.constants)[0] is not None
+                    else (" at the parameters' initial values")
+                )
+                got = float(v[bad][0])
+                tree = expr.tree
+                literal = tree[0] == "num" or (tree[0] == "neg" and tree[1][0] == "num")
+                is_ = "got" if literal else f"{expr.source!r} is"
+                raise self.r.fail(
+                    location, f"{context} must be {want}, but {is_} {got!r}{when}"
+                )
+        if expr.tree[0] == "name" and expr.tree[1] in self.ranges:
+            name = expr.tree[1]
+            transform, plo, phi, fixed = self.ranges[name]
+            if not fixed and (plo < lo or phi > hi):
+                if hi < math.inf or phi < lo:
+                    raise self.r.fail(
+                        location,
+                        f"{context} must be {want}, but parameter {name!r} "
+                        f"(transform {transform!r}) ranges over [{plo:g}, {phi:g}] "
+                        "in a fit; give it "
+                        + (
+                            'transform = "sigmoid" (range (0, 1))'
+                            if hi < math.inf
+                            else 'transform = "softplus" (range (0, inf))'
+                        ),
+                    )

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from epifit._toml import at, join
-from epifit.model._expression import Expression
+from epifit.model._expression import Expression, fold
 from epifit.model._fields import RATE_NAMES
 from epifit.model._section import SectionContext
 from epifit.model._spec import BranchSpec, InfectionSpec, InfectiousSpec, TransitionSpec
@@ -123,7 +125,31 @@ def read_branches(
             "exactly one branch must omit `probability`: it receives the "
             "remainder 1 - (sum of the others), so the split conserves mass",
         )
+    if rate is not None:
+        _check_remainder(ctx, out, location)
     return tuple(out)
+
+
+def _check_remainder(
+    ctx: SectionContext, branches: list[BranchSpec], location: str
+) -> None:
+    """The probabilities known at load time (constants, or the parameters'
+    initial values) leave a remainder >= 0 for the branch without one."""
+    total = 0.0
+    for b in branches:
+        if b.probability is not None:
+            value, _ = fold(b.probability, ctx.start)
+            if value is not None:
+                total = total + np.asarray(value, np.float64)
+    worst = float(np.max(total))
+    if worst > 1.0:
+        rest = next(b.target for b in branches if b.probability is None)
+        raise ctx.r.fail(
+            location,
+            f"the probabilities of the branches sum to {worst:g} > 1, so the "
+            f"remainder branch to {rest!r} would get {1.0 - worst:g}; they must sum "
+            "to at most 1",
+        )
 
 
 def read_infections(ctx: SectionContext) -> tuple[InfectionSpec, ...]:

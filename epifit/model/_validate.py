@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from epifit._errors import describe_type
 from epifit._schema import FEATURE, PATCH, PATCH_TO, TIME
 from epifit._toml import at, join
+from epifit.model._expression import fold
 from epifit.model._fields import (
     ALL_DIMS,
     COUPLING_DIMS,
@@ -214,6 +217,10 @@ def _read_parameters(ctx: SectionContext) -> tuple[ParameterSpec, ...]:
                 raise r.fail(vl, why)
         ctx.declare(name, "parameter", loc)
         ctx.symbols[name] = ("parameter", per_patch, False)
+        ctx.start[name] = np.asarray(value, np.float64)
+        if fixed:
+            ctx.constants[name] = ctx.start[name]
+        ctx.ranges[name] = (transform, lo, hi, fixed)
         out.append(ParameterSpec(name, value, transform, (lo, hi), fixed, per_patch))
     return tuple(out)
 
@@ -321,12 +328,14 @@ def _read_derived(ctx: SectionContext) -> tuple[DerivedSpec, ...]:
     allowed = ("parameter", "derived quantity")
     out = []
     deps: dict[str, frozenset[str]] = {}
+    locations: dict[str, str] = {}
     for name, entry, loc in entries:
         if isinstance(entry, Mapping):
             t = r.table(entry, loc, required=("expression",))
             entry, loc = t["expression"], at(loc, "expression")
-        expr = ctx.expression(entry, loc, allowed, "a derived quantity")
+        expr = ctx.expression(entry, loc, allowed, "a derived quantity", check=False)
         deps[name] = expr.names
+        locations[name] = loc
         out.append(DerivedSpec(name, expr))
     # cycles, and per-patch-ness inherited from what a quantity reads
     state: dict[str, int] = {}
@@ -350,7 +359,32 @@ def _read_derived(ctx: SectionContext) -> tuple[DerivedSpec, ...]:
 
     for name in deps:
         visit(name, [])
+    # the values known at load time, each after those it reads
+    exprs = {d.name: d.expression for d in out}
+    for name in _dependency_order(deps):
+        ctx.check_value(exprs[name], locations[name], "a derived quantity")
+        for env in (ctx.constants, ctx.start):
+            value, _ = fold(exprs[name], env)
+            if value is not None:
+                env[name] = value
     return tuple(out)
+
+
+def _dependency_order(deps: Mapping[str, frozenset[str]]) -> list[str]:
+    """The derived quantities, each after those it reads (no cycles: checked)."""
+    order: list[str] = []
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        for d in sorted(deps[name]):
+            if d in deps:
+                visit(d)
+        order.append(name)
+
+    for name in deps:
+        visit(name)
+    return order
 
 
 def _read_couplings(ctx: SectionContext) -> tuple[CouplingSpec, ...]:
