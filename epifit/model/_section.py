@@ -144,7 +144,8 @@ class SectionContext:
         - a value outside the field's range (`REQUIRED_RANGES`: rates,
           transmission rates and initial conditions >= 0, probabilities in
           [0, 1], populations > 0), for a constant expression or at the
-          parameters' initial values;
+          parameters' initial values (which lie in their ranges, so an
+          expression invalid for every value, `-beta`, is caught there);
         - a probability that is a free parameter whose transform can leave
           [0, 1] (the identity: a fit would move it to any real number).
 
@@ -157,20 +158,15 @@ class SectionContext:
                 f"expression {expr.source!r} is not finite: {problem}; "
                 f"{context} must be a finite number",
             )
-        value, problem = fold(expr, self.start)
-        if problem is not None:
-            raise self.r.fail(
-                location,
-                f"expression {expr.source!r} is not finite at the parameters' "
-                f"initial values: {problem}; change the initial values or the "
-                "expression",
-            )
         if context not in REQUIRED_RANGES:
             return
         lo, hi, closed = REQUIRED_RANGES[context]
         want = f">= {lo:g}" if closed else f"> {lo:g}"
         if hi < math.inf:
             want = f"in [{lo:g}, {hi:g}]"
+        # the start is checked for its range only: a non-finite start is the
+        # fit's to report (a fit may start elsewhere, `values=`)
+        value, _ = fold(expr, self.start)
         if value is not None:
             v = np.ravel(value)
             bad = (v < lo) | (v > hi) | ((v == lo) & (not closed))
