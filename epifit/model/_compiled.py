@@ -167,9 +167,9 @@ class CompiledModel(eqx.Module):
         """Inverse of [`constrain`][]; derived quantities in `values` are ignored.
 
         Raises:
-            ValueError: for a concrete value (not traced) that is NaN or lies
-                outside its parameter's range `[lower, upper]` (e.g. `beta = -1`
-                for a `softplus` parameter), which has no unconstrained value.
+            ValueError: for a concrete value (not traced) outside its
+                parameter's range `[lower, upper]` (e.g. `beta = -1` for a
+                `softplus` parameter), which has no unconstrained value.
         """
         self._check_params(values, "values")
         params: dict[str, Any] = {}
@@ -185,7 +185,7 @@ class CompiledModel(eqx.Module):
             return
         v = np.ravel(np.asarray(value, dtype=np.float64))
         lo, hi = p.bounds
-        bad = np.isnan(v) | (v < lo) | (v > hi)
+        bad = (v < lo) | (v > hi)  # NaN is left to the solve, which reports it
         if bad.any():
             where = f" (model {self.spec.path})" if self.spec.path else ""
             raise ValueError(
