@@ -232,6 +232,11 @@ def _huge_observation(ds):
     return ds
 
 
+def _huge_mobility(ds):
+    ds["mobility"][5, 3, 1] = -1e300
+    return ds
+
+
 def _negative_coupling(ds):
     ds["coupling"][0, 1, 2] = -0.5
     return ds
@@ -244,6 +249,13 @@ DATA_CASES = {
         "sir.toml",
         r"Observation 'in_bed' has 1 value\(s\) beyond 1e\+15 in magnitude, first "
         r"1e\+300 at time=1978-01-25",
+    ),
+    "covariate of -1e300": (
+        "synthetic_metapop_20.nc",
+        _huge_mobility,
+        "seird_metapop_mobility.toml",
+        r"Covariate 'mobility' has 1 value\(s\) beyond 1e\+15 in magnitude, first "
+        r"-1e\+300 at time=2020-03-06, patch='p03', feature=1",
     ),
     "negative coupling": (
         "synthetic_metapop_20.nc",
@@ -400,3 +412,24 @@ def test_corrupted_data_value_is_a_clean_error_or_bound(name, var, index, value)
     except ValueError as e:
         assert "\n" not in str(e), e
         assert type(e).__name__ in ("DataError", "ModelSpecError", "FitConfigError")
+
+
+@pytest.mark.parametrize("depth", [40, 5000])
+def test_deep_toml_names_the_file_in_every_reader(depth, tmp_path):
+    """The located reader under model, fit and scenario files, and the values
+    file of `--params`, refuse deep nesting naming the file."""
+    from epifit._errors import LocatedError
+    from epifit._toml import Reader, read_values_file
+
+    text = "x = " + "[" * depth + "]" * depth + "\n"
+    with pytest.raises(LocatedError, match=r"^fit\.toml: .*nested more than 32"):
+        Reader("fit.toml").toml(text)
+    values = tmp_path / "p.json"
+    values.write_text("{" + '"a": {' * depth + "}" * depth + "}")
+    if depth > 900:  # what Python's json module cannot parse without recursion
+
+        def fail(reason):
+            return ValueError(f"{values}: {reason}")
+
+        with pytest.raises(ValueError, match=r"p\.json: arrays or tables nested"):
+            read_values_file(values, fail)

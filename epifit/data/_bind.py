@@ -68,7 +68,7 @@ def validate_dataset(
     dataset sizes (`sizes`), a real dtype, and finiteness. Observations may be
     NaN (missing: masked out of the likelihood) but not negative (they are
     counts), infinite, nor beyond 1e15 in magnitude (no count is that large);
-    covariates may be neither NaN nor infinite, a `population` covariate must
+    covariates may be neither NaN, infinite nor beyond 1e15, a `population` must
     be positive and a coupling matrix (dim `patch_to`) non-negative. The `time`
     coordinate must be dates or integer days, without duplicates, sorted and
     daily; the `patch` coordinate must hold unique string labels, and
@@ -232,6 +232,7 @@ def _bind_covariates(
     for name, dims in covariates.items():
         da = require_dims(ds[name], name, dims)
         require_finite(da, name, "covariate")
+        require_magnitude(da, name, "covariate")
         if name == POPULATION:
             require_positive(da, name)
         if PATCH_TO in dims:
