@@ -54,6 +54,11 @@ from epifit.simulation import Problem, trajectory_dataset
 __all__ = ["MAX_REDRAWS", "calibrate", "finite_starts"]
 
 MAX_REDRAWS = 20
+# a last iterate worse than the best point seen by less than this (relative)
+# is not a regression: the loss through an adaptive solve is no more accurate
+# than the solver's tolerance, and an optimiser ending at its minimum wobbles
+# about it by rounding (L-BFGS below its gradient tolerance, say)
+REGRESSION_RTOL = 1e-8
 
 
 def calibrate(
@@ -314,12 +319,12 @@ def _outcome(out: dict, setup: FitSetup) -> dict[str, Any]:
 
 def best_points(carry: Carry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`(x, f, regressed)` per start: the last iterate, unless it is worse than
-    (or not as finite as) the best point seen, which then replaces it
-    (`regressed` True). A run that ends at its best point keeps its last
-    iterate exactly."""
+    the best point seen (by more than `REGRESSION_RTOL`, or not finite), which
+    then replaces it (`regressed` True). A run that ends at its best point
+    keeps its last iterate exactly."""
     x, f = np.asarray(carry.x), np.asarray(carry.f)
     bx, bf = np.asarray(carry.best_x), np.asarray(carry.best_f)
-    regressed = np.isfinite(bf) & ~(f <= bf)
+    regressed = np.isfinite(bf) & ~(f <= bf + REGRESSION_RTOL * np.maximum(1, abs(bf)))
     x = np.where(regressed[:, None], bx, x)
     return x, np.where(regressed, bf, f), regressed
 

@@ -100,6 +100,11 @@ def _check_range(spec, values: np.ndarray, where: str) -> None:
     if (lo, hi) == (-np.inf, np.inf):
         lo, hi = default_bounds(spec.transform)
     for v in np.ravel(values):
+        if not np.isfinite(v):
+            raise DataError(
+                f"{where}: parameter '{spec.name}' = {float(v)} is non-finite; give "
+                "a finite value"
+            )
         if why := value_error(spec.transform, float(v), lo, hi):
             raise DataError(
                 f"{where}: parameter '{spec.name}' = {float(v):g} is out of its "
