@@ -6,6 +6,7 @@ from epifit.fitting._audit import audit_adjoints as audit_adjoints
 from epifit.fitting._calibrate import calibrate as calibrate
 from epifit.fitting._checkpoint import CheckpointError as CheckpointError
 from epifit.fitting._checkpoint import checkpoint_path as checkpoint_path
+from epifit.fitting._config import MAX_STARTS as MAX_STARTS
 from epifit.fitting._config import FitConfig as FitConfig
 from epifit.fitting._config import FitConfigError as FitConfigError
 from epifit.fitting._config import load_fit_config as load_fit_config
@@ -15,6 +16,7 @@ from epifit.fitting._parameters import FreeParameters as FreeParameters
 from epifit.fitting._parameters import LogNormal as LogNormal
 from epifit.fitting._parameters import Normal as Normal
 from epifit.fitting._parameters import leaf_labels as leaf_labels
+from epifit.fitting._resolve import check_fit_settings as check_fit_settings
 from epifit.fitting._resolve import default_phases as default_phases
 from epifit.fitting._result import FitResult as FitResult
 from epifit.fitting._result import library_versions as library_versions

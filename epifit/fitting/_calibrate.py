@@ -34,18 +34,31 @@ from epifit.fitting._checkpoint import (
     save_checkpoint,
 )
 from epifit.fitting._config import FitConfig, PhasesLike
-from epifit.fitting._optimize import GRADIENT, LOSS, NONFINITE, STATUS, Optimizer
+from epifit.fitting._diagnose import NonFiniteStartError, explain_nonfinite
+from epifit.fitting._optimize import (
+    GRADIENT,
+    LOSS,
+    NONFINITE,
+    STATUS,
+    Carry,
+    Optimizer,
+)
 from epifit.fitting._parameters import constrained_dict, free_entries, leaf_labels
 from epifit.fitting._progress import ProgressBar, progress_enabled
 from epifit.fitting._resolve import FitSetup, fit_config, resolve_fit
 from epifit.fitting._result import FitResult, library_versions
-from epifit.fitting._uncertainty import laplace, parameter_table
+from epifit.fitting._uncertainty import interval_note, laplace, parameter_table
 from epifit.ode import AbstractAdjoint, AbstractSolver
 from epifit.simulation import Problem, trajectory_dataset
 
 __all__ = ["MAX_REDRAWS", "calibrate", "finite_starts"]
 
 MAX_REDRAWS = 20
+# a last iterate worse than the best point seen by less than this (relative)
+# is not a regression: the loss through an adaptive solve is no more accurate
+# than the solver's tolerance, and an optimiser ending at its minimum wobbles
+# about it by rounding (L-BFGS below its gradient tolerance, say)
+REGRESSION_RTOL = 1e-8
 
 
 def calibrate(
@@ -108,7 +121,8 @@ def calibrate(
     Raises:
         FitConfigError: a bad fit configuration (naming file and field).
         NotImplementedError: a least-squares method on a non-gaussian fit.
-        FloatingPointError: a non-finite loss at every starting point.
+        NonFiniteStartError: a non-finite loss at every starting point (a
+            `FloatingPointError` and a `LocatedError`), saying why at the first.
         CheckpointError: a checkpoint that belongs to a different fit.
     """
     wall = time.perf_counter()
@@ -138,7 +152,7 @@ def calibrate(
     xs, redraws = _starts(setup, data)
     settings = setup.record(redraws, xs.dtype)
     optimizer_, resumed = _optimizer(setup, xs, data, settings, checkpoint, resume)
-    out, optimize_s = _optimize(optimizer_, xs, data, resumed, progress, setup)
+    out, optimize_s = _optimize(optimizer_, xs, data, resumed, progress, setup, problem)
     outcome = _outcome(out, setup)  # best_start, converged, message
     fields = _fit_result(setup, out, outcome["best_start"], xs, data)
     timing = _timing(wall, optimize_s, out["record"])
@@ -241,23 +255,38 @@ def _optimizer(setup: FitSetup, xs, data, settings: dict, checkpoint, resume: bo
     return optimizer, load_checkpoint(checkpoint, optimizer.template(p, xs, data), key)
 
 
-def _optimize(optimizer: Optimizer, xs, data, resumed, progress, setup: FitSetup):
+def _optimize(
+    optimizer: Optimizer, xs, data, resumed, progress, setup: FitSetup, problem
+):
     """Run the phases, with a progress bar when `progress` says so; the run's
-    output and its seconds."""
+    output and its seconds. A loss not finite at any start is an error saying
+    why at the first (parameters named against `problem`, before overrides)."""
     t = time.perf_counter()
-    if progress_enabled(progress):
-        with ProgressBar(setup.phases, n_starts=setup.n_starts) as bar:
-            optimizer.progress = bar
+    try:
+        if progress_enabled(progress):
+            with ProgressBar(setup.phases, n_starts=setup.n_starts) as bar:
+                optimizer.progress = bar
+                out = optimizer.run(xs, data, resume=resumed)
+        else:
             out = optimizer.run(xs, data, resume=resumed)
-    else:
-        out = optimizer.run(xs, data, resume=resumed)
+    except NonFiniteStartError as e:
+        why = explain_nonfinite(setup.objective, xs[0], data, problem)
+        raise NonFiniteStartError(
+            f"The loss or its gradient is not finite at every starting point; at "
+            f"the first: {why}."
+        ) from e
     return out, time.perf_counter() - t
 
 
 def _outcome(out: dict, setup: FitSetup) -> dict[str, Any]:
     """`best_start`, `converged` and `message` (why the fit stopped; warned
-    when the loss stayed non-finite)."""
-    f_all = np.asarray(out["carry"].f, np.float64)
+    when the loss stayed non-finite).
+
+    Each start returns the best point it has seen (`best_points`): when its
+    last iterate is worse, the message says so and `converged` is False (the
+    stopping rule held, if at all, at the last iterate, not at the point
+    returned)."""
+    _, f_all, regressed = best_points(out["carry"])
     best = int(np.argmin(np.where(np.isfinite(f_all), f_all, np.inf)))
     statuses = [s[best] for s in out["record"]["statuses"]]
     final = statuses[-1] if statuses else NONFINITE
@@ -266,6 +295,7 @@ def _outcome(out: dict, setup: FitSetup) -> dict[str, Any]:
         out["stop_reason"] is None
         and final in (GRADIENT, LOSS)
         and len(statuses) == len(phases)
+        and not regressed[best]
     )
     if out["stop_reason"] is not None:
         message = out["stop_reason"]
@@ -282,7 +312,42 @@ def _outcome(out: dict, setup: FitSetup) -> dict[str, Any]:
         message = STATUS[final]
     else:
         message = "stopped: iteration limit of the last phase reached"
+    if regressed[best]:
+        message = f"{message}; {_regression(out, best, float(f_all[best]))}"
     return dict(best_start=best, converged=bool(converged), message=message)
+
+
+def best_points(carry: Carry) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`(x, f, regressed)` per start: the last iterate, unless it is worse than
+    the best point seen (by more than `REGRESSION_RTOL`, or not finite), which
+    then replaces it (`regressed` True). A run that ends at its best point
+    keeps its last iterate exactly."""
+    x, f = np.asarray(carry.x), np.asarray(carry.f)
+    bx, bf = np.asarray(carry.best_x), np.asarray(carry.best_f)
+    regressed = np.isfinite(bf) & ~(f <= bf + REGRESSION_RTOL * np.maximum(1, abs(bf)))
+    x = np.where(regressed[:, None], bx, x)
+    return x, np.where(regressed, bf, f), regressed
+
+
+def _regression(out: dict, start: int, best_f: float) -> str:
+    """What the message says when a start's last iterate is worse than the
+    best point it saw (which is returned)."""
+    record = out["record"]
+    last = float(np.asarray(out["carry"].f)[start])
+    initial = float(np.asarray(record["initial_loss"])[start])
+    hist = np.asarray(record["history"]["loss"][start])
+    hits = np.flatnonzero(hist == best_f)
+    iteration = 0 if best_f == initial or not hits.size else int(hits[0]) + 1
+    if not last <= initial:
+        return (
+            f"stopped worse than the start (loss {last:.6g} > {initial:.6g} at the "
+            f"start); returned the best point seen (iteration {iteration}, loss "
+            f"{best_f:.6g})"
+        )
+    return (
+        f"the last iterate (loss {last:.6g}) is worse than the best point seen "
+        f"(loss {best_f:.6g} at iteration {iteration}), which is returned"
+    )
 
 
 def _timing(wall: float, optimize_s: float, record: dict) -> dict[str, float]:
@@ -342,14 +407,17 @@ def _uncertainty(setup: FitSetup, x_best, data, jac, loss: float):
 def _fit_result(setup: FitSetup, out: dict, best: int, xs, data) -> dict[str, Any]:
     """The `FitResult` fields that come from the run at its best start."""
     problem, free = setup.problem, setup.free
-    carry, record = out["carry"], out["record"]
-    f_all = np.asarray(carry.f, np.float64)
-    x_best = carry.x[best]
+    record = out["record"]
+    x_all, f_all, _ = best_points(out["carry"])
+    f_all = np.asarray(f_all, np.float64)
+    x_best = jnp.asarray(x_all[best], xs.dtype)
     fitted = free.params(x_best, data["rest"])
     sol, jac = _final_solve(setup, x_best, xs, data)
     trajectories = trajectory_dataset(problem, fitted, sol)
     cov, unc = _uncertainty(setup, x_best, data, jac, float(f_all[best]))
     table = parameter_table(setup.objective, x_best, data, cov, level=setup.level)
+    if note := interval_note(table):
+        unc["message"] = "; ".join(m for m in (unc.get("message"), note) if m)
     hist = record["history"]
     return dict(
         params=fitted,
@@ -392,8 +460,12 @@ def _coefficients(problem: Problem, fitted) -> dict[str, Any]:
 
 
 def _model_text(problem: Problem) -> str:
+    """The model file's text as its bytes (no newline translation: its SHA-256
+    is the `model_sha256` that `FIT.nc` stores and checks on reading)."""
     path = problem.model_path
-    return Path(path).read_text() if path and Path(path).exists() else ""
+    if not path or not Path(path).is_file():
+        return ""
+    return Path(path).read_bytes().decode("utf-8", errors="replace")
 
 
 def _numeric(settings: dict) -> dict:

@@ -171,11 +171,7 @@ def load_checkpoint(path: str | os.PathLike, template, key: str) -> dict:
         raise CheckpointError(
             f"Cannot read checkpoint {path}: {e}. Delete it to start afresh."
         ) from e
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(
-            f"Checkpoint {path} has format {meta.get('format')}; this epifit writes "
-            f"format {FORMAT}. Delete it to start afresh."
-        )
+    _check_meta(path, meta, data)
     if meta["fingerprint"] != key:
         raise CheckpointError(
             f"Checkpoint {path} belongs to a different fit (the model, data, "
@@ -217,8 +213,96 @@ def checkpoint_phase(path: str | os.PathLike) -> int:
     """The phase a checkpoint was written in (to build its template)."""
     try:
         with np.load(Path(path), allow_pickle=False) as z:
-            return int(json.loads(str(z["meta"]))["phase"])
+            meta = json.loads(str(z["meta"]))
     except (OSError, ValueError, KeyError, zipfile.BadZipFile) as e:
         raise CheckpointError(
             f"Cannot read checkpoint {path}: {e}. Delete it to start afresh."
         ) from e
+    if not isinstance(meta, dict):
+        raise _damaged(path, "its metadata is not a table")
+    return _count(path, meta, "phase")
+
+
+_META = (
+    "format",
+    "fingerprint",
+    "n_leaves",
+    "n_starts",
+    "history_keys",
+    "phase",
+    "phase_iteration",
+    "iteration",
+    "elapsed",
+    "statuses",
+)
+
+
+def _damaged(path, why: str) -> CheckpointError:
+    return CheckpointError(
+        f"Checkpoint {path} is damaged: {why}. Delete it to start afresh."
+    )
+
+
+def _count(path, meta: dict, key: str, minimum: int = 0) -> int:
+    """A non-negative integer field of a checkpoint's metadata."""
+    v = meta.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+        raise _damaged(path, f"'{key}' must be an integer >= {minimum}, got {v!r}")
+    return v
+
+
+def _check_meta(path, meta: Any, data: dict) -> None:
+    """Every field of a checkpoint's metadata present, of its type and
+    consistent with the arrays stored beside it."""
+    if not isinstance(meta, dict):
+        raise _damaged(path, "its metadata is not a table")
+    if meta.get("format") != FORMAT:
+        raise CheckpointError(
+            f"Checkpoint {path} has format {meta.get('format')}; this epifit writes "
+            f"format {FORMAT}. Delete it to start afresh."
+        )
+    missing = [k for k in _META if k not in meta]
+    if missing:
+        raise _damaged(path, f"its metadata lacks {', '.join(missing)}")
+    if not isinstance(meta["fingerprint"], str):
+        raise _damaged(path, "'fingerprint' is not a string")
+    for k in ("n_leaves", "n_starts", "phase", "phase_iteration", "iteration"):
+        _count(path, meta, k, 1 if k == "n_starts" else 0)
+    if meta["phase_iteration"] > meta["iteration"]:
+        raise _damaged(
+            path,
+            f"'phase_iteration' ({meta['phase_iteration']}) exceeds 'iteration' "
+            f"({meta['iteration']})",
+        )
+    elapsed = meta["elapsed"]
+    if (
+        isinstance(elapsed, bool)
+        or not isinstance(elapsed, int | float)
+        or not elapsed >= 0
+    ):
+        raise _damaged(path, f"'elapsed' must be a number >= 0, got {elapsed!r}")
+    n = meta["n_starts"]
+    statuses = meta["statuses"]
+    if not isinstance(statuses, list) or any(
+        not isinstance(s, list) or len(s) != n for s in statuses
+    ):
+        raise _damaged(path, f"'statuses' must be lists of {n} status codes")
+    keys = meta["history_keys"]
+    if not isinstance(keys, list) or "loss" not in keys:
+        raise _damaged(path, "'history_keys' must list the histories, 'loss' first")
+    names = [f"leaf_{i}" for i in range(meta["n_leaves"])] + ["initial_loss"]
+    names += [f"hist_{k}_{s}" for k in keys for s in range(n)]
+    absent = [k for k in names if k not in data]
+    if absent:
+        raise _damaged(path, f"it lacks the arrays {', '.join(absent[:5])}")
+    if np.shape(data["initial_loss"]) != (n,):
+        raise _damaged(path, f"'initial_loss' is not one loss per start ({n})")
+    for k in keys:
+        for s in range(n):
+            a = data[f"hist_{k}_{s}"]
+            if a.ndim != 1 or a.size > meta["iteration"]:
+                raise _damaged(
+                    path,
+                    f"history '{k}' of start {s} holds {a.size} entries for "
+                    f"{meta['iteration']} iterations",
+                )

@@ -30,6 +30,7 @@ from epifit.simulation import SOLVERS as SOLVER_CLASSES
 __all__ = [
     "FitConfig",
     "FitConfigError",
+    "MAX_STARTS",
     "ParameterOverride",
     "PhaseConfig",
     "PriorConfig",
@@ -222,21 +223,9 @@ def parse_fit_config(data: Mapping[str, Any], *, file: str = "fit") -> FitConfig
     """Validate a fit configuration given as a (TOML-shaped) mapping."""
     r = _Reader(file)
     t = r.table(data, None, optional=TOP_LEVEL)
-    kw: dict[str, Any] = {}
-    for key in ("n_starts", "max_iterations", "checkpoint_every", "chunk_size"):
-        if key in t:
-            kw[key] = r.integer(t[key], key, 1)
-    for key in ("patience", "max_retreats", "max_steps"):
-        if key in t:
-            kw[key] = r.integer(t[key], key, 1)
-    if "seed" in t:
-        kw["seed"] = r.integer(t["seed"], "seed", 0)
-    for key in ("perturbation", "tolerance", "loss_tolerance"):
-        if key in t:
-            kw[key] = r.nonnegative(t[key], key)
-    for key in ("time_budget", "rtol", "atol"):
-        if key in t:
-            kw[key] = r.positive(t[key], key)
+    kw: dict[str, Any] = {
+        key: _check_field(r, key, t[key], key) for key in SETTINGS if key in t
+    }
     if "description" in t:
         r.string(t["description"], "description")
     if "adjoint" in t:
@@ -256,10 +245,57 @@ def parse_fit_config(data: Mapping[str, Any], *, file: str = "fit") -> FitConfig
                 u["method"], "uncertainty.method", UNCERTAINTY_METHODS
             )
         if "level" in u:
-            kw["level"] = r.fraction(u["level"], "uncertainty.level")
+            kw["level"] = _check_field(r, "level", u["level"], "uncertainty.level")
         if "noise" in u:
             kw["noise"] = r.choice(u["noise"], "uncertainty.noise", NOISE)
     return FitConfig(source=file, raw=dict(data), **kw)
+
+
+# the numeric settings a fit file and `calibrate`'s keywords share, and the
+# one check of each: (kind, minimum) for integers, else the kind of number
+SETTINGS: dict[str, tuple[str, int | None]] = {
+    "n_starts": ("integer", 1),
+    "max_iterations": ("integer", 1),
+    "checkpoint_every": ("integer", 1),
+    "chunk_size": ("integer", 1),
+    "patience": ("integer", 1),
+    "max_retreats": ("integer", 1),
+    "max_steps": ("integer", 1),
+    "seed": ("integer", 0),
+    "perturbation": ("nonnegative", None),
+    "tolerance": ("nonnegative", None),
+    "loss_tolerance": ("nonnegative", None),
+    "time_budget": ("positive", None),
+    "rtol": ("positive", None),
+    "atol": ("positive", None),
+}
+# `level` lives in the [uncertainty] table of a fit file
+_LEVEL = ("fraction", None)
+# starting points one fit may have: each is an optimisation of its own (a
+# solve and a gradient per iteration, a state per start in batched calls)
+MAX_STARTS = 10_000
+
+
+def _check_field(r: _Reader, key: str, value: Any, location: str) -> Any:
+    """The one check of setting `key` (see `SETTINGS`)."""
+    kind, minimum = SETTINGS.get(key, _LEVEL)
+    if kind == "integer":
+        out = r.integer(value, location, minimum)
+        if key == "n_starts" and out > MAX_STARTS:
+            raise r.fail(
+                location,
+                f"{out} starting points are more than {MAX_STARTS}: each is an "
+                f"optimisation of its own ({out} x the iterations of every phase "
+                "in solves with gradients); use fewer starts",
+            )
+        return out
+    return getattr(r, kind)(value, location)
+
+
+def check_setting(key: str, value: Any, location: str, *, file: str) -> Any:
+    """The check of setting `key` (`SETTINGS`, or `level`) that a fit file's
+    field gets, for a value given elsewhere (raises `FitConfigError`)."""
+    return _check_field(_Reader(file), key, value, location)
 
 
 PhasesLike = str | Mapping[str, Any] | optax.GradientTransformation | Sequence[Any]

@@ -99,7 +99,8 @@ class Objective:
             on CPU, all together elsewhere).
 
     Raises:
-        ValueError: the model observes none of the dataset's variables.
+        DataError: an observation the model declares is missing from the data,
+            or holds no finite value (see `Problem.require_observations`).
     """
 
     def __init__(
@@ -111,15 +112,8 @@ class Objective:
         self.problem = problem
         self.free = free
         self.settings = SolverSettings.of(settings)
-        self.observations = [
-            o for o in problem.spec.observations if o.name in problem.observed
-        ]
-        if not self.observations:
-            raise ValueError(
-                f"Model '{problem.spec.name}' observes none of the dataset's "
-                f"variables; it observes {[o.name for o in problem.spec.observations]}"
-                ". Give a dataset with at least one of them."
-            )
+        problem.require_observations()
+        self.observations = list(problem.spec.observations)
         # starts batched together by the compiled methods (see `default_group`)
         self.group = default_group()
         self.families = {o.name: _family(o) for o in self.observations}

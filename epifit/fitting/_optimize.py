@@ -14,6 +14,13 @@ Robustness: a step whose loss or gradient is not finite is rejected; the state
 retreats to the last good point and the step is halved (first-order methods),
 the L-BFGS memory restarts or the Levenberg-Marquardt damping grows. After
 `max_retreats` rejections in a row the start stops, keeping its last good state.
+
+Every start also carries the best point it has seen (`Carry.best_x`,
+`Carry.best_f`: the lowest finite loss over all iterations and phases, the
+starting point included), so that a method that wanders uphill (a first-order
+step too large for the loss, say) cannot lose it; `calibrate` returns it when
+the last iterate is worse (`_calibrate.best_points`). Tracking it adds outputs to the
+compiled loop and changes none of the iterates.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ import numpy as np
 from epifit._jit import jit
 from epifit._vmap import vmap_batch
 from epifit.fitting._config import PhaseConfig
+from epifit.fitting._diagnose import NonFiniteStartError
 from epifit.fitting._methods import (
     AbstractLeastSquaresMethod,
     AbstractMethod,
@@ -38,7 +46,13 @@ from epifit.fitting._methods import (
     make_method,
 )
 
-__all__ = ["Carry", "OptimizeOptions", "Optimizer", "STATUS"]
+__all__ = [
+    "Carry",
+    "NonFiniteStartError",
+    "OptimizeOptions",
+    "Optimizer",
+    "STATUS",
+]
 
 RUNNING, GRADIENT, LOSS, NONFINITE = 0, 1, 2, 3
 STATUS = {
@@ -63,6 +77,8 @@ class Carry(eqx.Module):
     iteration: jax.Array  # iterations done in this phase
     status: jax.Array
     fresh: jax.Array  # (first-order methods) not evaluated yet: evaluate, no step
+    best_x: jax.Array  # the point of the lowest finite loss seen (all phases)
+    best_f: jax.Array  # that loss (inf before the first finite one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -194,8 +210,9 @@ class Optimizer:
                 ),
             ).astype(jnp.int32)
             step = jnp.sqrt(jnp.sum(jnp.square(x - c.x)))
+            best, it = (c.best_x, c.best_f), c.iteration + 1
             new = Carry(
-                x, f, g, state, scale, n_bad, n_flat, c.iteration + 1, status, c.fresh
+                x, f, g, state, scale, n_bad, n_flat, it, status, c.fresh, *best
             )
             if first_order:
                 # the first evaluation of a phase: the loss and gradient at x,
@@ -211,9 +228,10 @@ class Optimizer:
                     c.iteration,
                     jnp.where(bad, NONFINITE, RUNNING).astype(jnp.int32),
                     jnp.zeros_like(c.fresh),
+                    *best,
                 )
                 new = jax.tree.map(lambda a, b: jnp.where(c.fresh, a, b), initial, new)
-            return new, (f, gnorm, step)
+            return _track_best(c, new), (f, gnorm, step)
 
         def run(c: Carry, data, n_end):
             start = c.iteration
@@ -253,7 +271,11 @@ class Optimizer:
         *,
         abstract: bool = False,
         fresh: bool = False,
+        best: tuple | None = None,
     ) -> Carry:
+        """The carry at the start of phase `p`; `best`: the `(best_x, best_f)`
+        of the phases before (default: the starting point, where its loss is
+        finite)."""
         n = x.shape[0]
         if fresh:  # evaluated by the phase's first chunk
             f = jnp.full((n,), jnp.inf, x.dtype)
@@ -265,6 +287,9 @@ class Optimizer:
         n = x.shape[0]
         dt = x.dtype
         status = jnp.where(alive, RUNNING, NONFINITE).astype(jnp.int32)
+        if best is None:
+            finite = jnp.isfinite(f)
+            best = (x, jnp.where(finite, f, jnp.inf).astype(f.dtype))
         return Carry(
             x,
             f,
@@ -276,7 +301,15 @@ class Optimizer:
             jnp.zeros((n,), jnp.int32),
             status,
             jnp.full((n,), fresh),
+            *best,
         )
+
+    def _next_phase(self, p: int, carry: Carry, data) -> Carry:
+        """The carry at the start of phase `p` from the last phase's: the
+        starts that failed there stay stopped, the best point seen carries on."""
+        alive = jnp.asarray(np.asarray(carry.status) != NONFINITE)
+        best = (carry.best_x, carry.best_f)
+        return self.start_phase(p, carry.x, carry.f, carry.g, data, alive, best=best)
 
     def template(self, p: int, xs, data) -> Carry:
         """The structure of a phase's carry (for restoring checkpoints)."""
@@ -317,7 +350,7 @@ class Optimizer:
                 carry = self.start_phase(0, xs, f, g, data)
             f_np = np.asarray(carry.f)
             if not (np.asarray(carry.status) == RUNNING).any():
-                raise FloatingPointError(
+                raise NonFiniteStartError(
                     "The loss or its gradient is not finite at every starting point "
                     f"(loss {f_np.tolist()}); check the initial parameter values "
                     "and the data."
@@ -333,10 +366,7 @@ class Optimizer:
         for p in range(rec["phase"], len(self.phases)):
             phase = self.phases[p]
             if p != rec["phase"]:
-                alive = np.asarray(carry.status) != NONFINITE
-                carry = self.start_phase(
-                    p, carry.x, carry.f, carry.g, data, jnp.asarray(alive)
-                )
+                carry = self._next_phase(p, carry, data)
                 rec["phase"], rec["phase_iteration"] = p, 0
             run_chunk = self._chunk_fn(p)
             if self.progress is not None:
@@ -393,6 +423,19 @@ class Optimizer:
 
 
 HISTORY = ("loss", "grad_norm", "step")
+
+
+def _track_best(old: Carry, new: Carry) -> Carry:
+    """`new` with the best point seen updated from its `(x, f)`."""
+    improved = jnp.isfinite(new.f) & (new.f < old.best_f)
+    return eqx.tree_at(
+        lambda c: (c.best_x, c.best_f),
+        new,
+        (
+            jnp.where(improved, new.x, old.best_x),
+            jnp.where(improved, new.f, old.best_f),
+        ),
+    )
 
 
 def _strong(tree):

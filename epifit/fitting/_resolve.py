@@ -10,15 +10,18 @@ here. Nothing is solved yet.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from collections.abc import Mapping
 from typing import Any
 
 from epifit.data import Gaussian
 from epifit.fitting._config import (
+    SETTINGS,
     FitConfig,
     FitConfigError,
     PhaseConfig,
+    check_setting,
     known_names,
     load_fit_config,
     merge,
@@ -27,7 +30,7 @@ from epifit.fitting._config import (
 )
 from epifit.fitting._methods import AbstractLeastSquaresMethod, make_method
 from epifit.fitting._objective import Objective
-from epifit.fitting._optimize import OptimizeOptions
+from epifit.fitting._optimize import CAPACITY, OptimizeOptions
 from epifit.fitting._overrides import apply_overrides
 from epifit.fitting._parameters import (
     AbstractGaussianPrior,
@@ -36,7 +39,13 @@ from epifit.fitting._parameters import (
 )
 from epifit.simulation import Problem, SolverSettings
 
-__all__ = ["FitSetup", "default_phases", "fit_config", "resolve_fit"]
+__all__ = [
+    "FitSetup",
+    "check_fit_settings",
+    "default_phases",
+    "fit_config",
+    "resolve_fit",
+]
 
 # few enough free parameters for a forward-sensitivity Jacobian per iteration
 LM_MAX_PARAMETERS = 20
@@ -109,6 +118,47 @@ def default_phases(objective: Objective) -> tuple[PhaseConfig, ...]:
     )
 
 
+def check_fit_settings(
+    values: Mapping[str, Any],
+    *,
+    file: str = "calibrate",
+    names: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Validate numeric fit settings given outside a fit file (`calibrate`'s
+    keywords, the CLI's flags) with the same checks as the fields of a
+    `FIT.toml`; `None` means "not given" and is dropped.
+
+    Args:
+        values: setting name (`n_starts`, `max_iterations`, `time_budget`,
+            `rtol`, ..., `level`) -> value.
+        file: what the error names as the source (`"calibrate"`, `"epifit"`).
+        names: how the error names each setting (e.g. `{"max_iterations":
+            "--max-iterations"}`; default the setting's own name).
+
+    Returns:
+        The validated values (NumPy scalars as Python numbers).
+
+    Raises:
+        FitConfigError: naming the setting and what it must be, e.g.
+            `calibrate: max_iterations: must be an integer >= 1, got -5`.
+    """
+    names = names or {}
+    out = {}
+    for key, value in values.items():
+        if value is None:
+            continue
+        if key not in SETTINGS and key != "level":
+            raise TypeError(
+                f"unknown fit setting {key!r}; known: {', '.join([*SETTINGS, 'level'])}"
+            )
+        if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+            value = int(value)
+        elif isinstance(value, numbers.Real) and not isinstance(value, bool):
+            value = float(value)
+        out[key] = check_setting(key, value, names.get(key, key), file=file)
+    return out
+
+
 def fit_config(fit, *, optimizer=None, uncertainty=None, **overrides) -> FitConfig:
     """The fit configuration (`fit`: a `FIT.toml` path, a dict, a `FitConfig`
     or `None`) with `calibrate`'s keyword arguments that are not `None`
@@ -126,7 +176,7 @@ def fit_config(fit, *, optimizer=None, uncertainty=None, **overrides) -> FitConf
             "fit must be a FIT.toml path, a dict or a FitConfig; got "
             f"{type(fit).__name__}."
         )
-    config = merge(config, **overrides)
+    config = merge(config, **check_fit_settings(overrides))
     if optimizer is not None:
         config = dataclasses.replace(config, phases=parse_phases(optimizer))
     if uncertainty is not None:
@@ -174,6 +224,7 @@ def resolve_fit(
     phases = config.phases or default_phases(objective)
     _check_least_squares(objective, phases)
     method, skipped = _uncertainty_method(config, objective)
+    _check_starts_memory(objective, config.n_starts or 1, config.source)
     return FitSetup(
         problem=problem,
         config=config,
@@ -187,6 +238,35 @@ def resolve_fit(
         skipped=skipped,
         level=config.level or 0.95,
     )
+
+
+def _check_starts_memory(objective: Objective, n_starts: int, source) -> None:
+    """Refuse `n_starts` whose states would not fit in memory, before any
+    solve: each start holds its trajectory (state x days, and the predictions)
+    in batched calls, its optimiser state and its history."""
+    problem = objective.problem
+    n_state = sum(c.stages for c in problem.spec.compartments) * problem.n_patches
+    per_start = 2 * n_state * problem.ts.size + 8 * objective.free.n + 3 * CAPACITY
+    need = n_starts * per_start * problem.dtype.itemsize
+    limit = _memory_bytes() / 2
+    if need > limit:
+        raise FitConfigError(
+            f"{n_starts} starting points need about {need / 2**30:.3g} GiB ({n_starts}"
+            f" starts x ({n_state} state values x {problem.ts.size} days x 2 + "
+            f"{objective.free.n} free parameters x 8 + the history) x "
+            f"{problem.dtype.itemsize} bytes), more than half this machine's memory "
+            f"({2 * limit / 2**30:.3g} GiB); use fewer starts",
+            file=source,
+            location="n_starts",
+        )
+
+
+def _memory_bytes() -> float:
+    """The machine's physical memory (inf where unknown)."""
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (AttributeError, ValueError, OSError):  # pragma: no cover
+        return float("inf")
 
 
 def _options(config: FitConfig) -> OptimizeOptions:

@@ -42,10 +42,13 @@ class FitResult:
         table: one row per parameter value (per-patch ones per patch) and
             derived quantity: `label, name, patch, kind` (`free`, `fixed`,
             `derived`), `estimate, se, lower, upper` (the interval at `level`).
-        loss: the final loss.
+        loss: the loss at the point returned: the last iterate, or the best
+            point seen when the last iterate is worse (the message says so).
         iterations: iterations over all phases.
         converged: the last phase stopped on a tolerance (gradient or loss
-            change), not on the iteration cap, the time budget or failures.
+            change), not on the iteration cap, the time budget or failures,
+            at the point returned (False when the best point seen replaced a
+            worse last iterate).
         message: why the fit stopped.
         loss_history, grad_norm_history, step_history: per iteration, for the
             best start; `phase_history` gives each iteration's phase (0-based).

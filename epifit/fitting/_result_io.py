@@ -10,6 +10,7 @@ without the original files.
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -172,7 +173,8 @@ def read_fit(
             f"'{path}' is not an epifit fit file (epifit_kind = {kind!r}); "
             "write one with `epifit calibrate` or FitResult.to_netcdf."
         )
-    fit_config = json.loads(ds.attrs.get("fit_config", "{}"))
+    _check_stored(ds, path)
+    fit_config = _json_attr(ds, path, "fit_config")
     spec = _stored_spec(ds, path, model)
     n_patches = int(ds.sizes[PATCH])
     spec = override_spec(spec, parse_fit_config(fit_config), n_patches)
@@ -186,10 +188,108 @@ def read_fit(
         values=values,
         table=_stored_table(ds),
         coefficients=coefficients,
-        problem=_stored_problem(ds, compiled, data),
+        problem=_stored_problem(ds, compiled, data, path),
         fit_config=fit_config,
-        **_stored_fields(ds),
+        **_stored_fields(ds, path),
     )
+
+
+# the variables (and coordinates) every FIT.nc holds, and its attributes
+REQUIRED_VARS = (
+    "coefficients",
+    "coefficient_free",
+    "x",
+    "covariance",
+    "loss_history",
+    "grad_norm_history",
+    "step_history",
+    "phase_history",
+    "start_loss",
+    "start_initial_loss",
+    *TABLE_VARS,
+    "parameter_name",
+    "parameter_patch",
+    "parameter_kind",
+)
+REQUIRED_ATTRS = ("loss", "iterations", "converged")
+
+
+def _damaged(path, why: str) -> DataError:
+    return DataError(
+        f"'{path}' is not a complete epifit fit file: {why}; write it again with "
+        "`epifit calibrate`."
+    )
+
+
+def _check_stored(ds: xr.Dataset, path) -> None:
+    """Every variable and attribute a fit file holds, of consistent shapes and
+    counts, and the stored model text the one its `model_sha256` names."""
+    missing = [v for v in REQUIRED_VARS if v not in ds.variables]
+    if missing:
+        raise _damaged(path, f"no variable {', '.join(map(repr, missing))}")
+    missing = [a for a in REQUIRED_ATTRS if a not in ds.attrs]
+    if missing:
+        raise _damaged(path, f"no attribute {', '.join(map(repr, missing))}")
+    if PATCH not in ds.sizes:
+        raise _damaged(path, "no 'patch' dimension")
+    try:
+        float(ds.attrs["loss"])
+        iterations = int(ds.attrs["iterations"])
+        int(ds.attrs["converged"])
+        int(ds.attrs.get("best_start", 0))
+    except (TypeError, ValueError) as e:
+        raise _damaged(path, f"an attribute is not a number ({e})") from None
+    if iterations < 0 or iterations != ds.attrs["iterations"]:
+        raise _damaged(path, f"'iterations' = {ds.attrs['iterations']}")
+    if iterations < ds["loss_history"].size:
+        raise _damaged(
+            path,
+            f"{ds['loss_history'].size} iterations of history for 'iterations' = "
+            f"{iterations}",
+        )
+    if not 0 <= int(ds.attrs.get("best_start", 0)) < max(ds["start_loss"].size, 1):
+        raise _damaged(path, f"'best_start' = {ds.attrs.get('best_start')}")
+    n = ds["x"].size
+    if ds["covariance"].shape != (n, n):
+        raise _damaged(
+            path, f"'covariance' has shape {ds['covariance'].shape} for {n} free values"
+        )
+    if ds["coefficient_free"].shape != ds["coefficients"].shape:
+        raise _damaged(path, "'coefficient_free' and 'coefficients' differ in length")
+    if int(np.asarray(ds["coefficient_free"].values, bool).sum()) != n:
+        raise _damaged(
+            path, f"'coefficient_free' marks a number of free values other than {n}"
+        )
+    _check_model_text(ds, path)
+
+
+def _check_model_text(ds: xr.Dataset, path) -> None:
+    """Refuse model text that is not the text whose SHA-256 the file stores
+    (it was edited after the fit: the fitted coefficients belong to the
+    original model)."""
+    text = ds.attrs.get("model_text", "")
+    sha = ds.attrs.get("model_sha256")
+    if not text or not sha:
+        return
+    ok = {
+        hashlib.sha256(t.encode("utf-8")).hexdigest()
+        for t in (text, text.replace("\r\n", "\n").replace("\n", "\r\n"))
+    }
+    if sha not in ok:
+        raise DataError(
+            f"'{path}': the stored model text does not match its model_sha256 "
+            f"({sha[:12]}...): it was changed after the fit, and the fitted "
+            "coefficients belong to the original model. Fit the changed model "
+            "again (epifit calibrate), or pass the model explicitly (model=...)."
+        )
+
+
+def _json_attr(ds: xr.Dataset, path, name: str) -> Any:
+    """A JSON attribute (`{}` when absent)."""
+    try:
+        return json.loads(ds.attrs.get(name, "{}"))
+    except (TypeError, ValueError) as e:
+        raise _damaged(path, f"attribute '{name}' is not JSON ({e})") from None
 
 
 def _stored_spec(ds: xr.Dataset, path, model):
@@ -220,19 +320,41 @@ def _stored_params(ds: xr.Dataset, path, compiled, n_patches: int):
     return params, coefficients
 
 
-def _stored_problem(ds: xr.Dataset, compiled, data) -> Problem | None:
+def _stored_problem(ds: xr.Dataset, compiled, data, path) -> Problem | None:
     """The problem bound to `data`, else to the original data file when it
-    still exists with the same SHA-256, else None."""
-    data_file = ds.attrs.get("data_file")
-    if data is None and data_file and Path(data_file).exists():
-        if file_sha256(data_file) == ds.attrs.get("data_sha256"):
-            data = data_file
+    still exists with the same SHA-256 (its absolute path, then its path as
+    given relative to the fit file's folder, then to the working directory),
+    else None."""
+    if data is None:
+        data = _stored_data_file(ds, path)
     if data is None:
         return None
     problem = Problem(compiled, data)
     if isinstance(data, str | os.PathLike):
         problem.data_path = str(data)
     return problem
+
+
+def _stored_data_file(ds: xr.Dataset, path) -> str | None:
+    """The fitted data file, found again by its SHA-256 (None when gone): the
+    path as stored when absolute; else its absolute form from the fit (when it
+    ends in the same path), then the path relative to the fit file's folder,
+    then to the working directory."""
+    given = str(ds.attrs.get("data_file") or "")
+    sha = ds.attrs.get("data_sha256")
+    if not given or not sha:
+        return None
+    candidates = [given]
+    if not Path(given).is_absolute():
+        tail = tuple(p for p in Path(given).parts if p not in (".", ".."))
+        absolute = str(ds.attrs.get("data_file_absolute") or "")
+        if absolute and Path(absolute).parts[-len(tail) :] == tail:
+            candidates.insert(0, absolute)
+        candidates.insert(-1, str(Path(path).resolve().parent / given))
+    for c in candidates:
+        if Path(c).is_file() and file_sha256(c) == sha:
+            return c
+    return None
 
 
 def _stored_table(ds: xr.Dataset) -> list[dict]:
@@ -248,7 +370,7 @@ def _stored_table(ds: xr.Dataset) -> list[dict]:
     ]
 
 
-def _stored_fields(ds: xr.Dataset) -> dict[str, Any]:
+def _stored_fields(ds: xr.Dataset, path) -> dict[str, Any]:
     """The fields stored as variables and attributes as they are."""
     cov = np.asarray(ds["covariance"].values, np.float64)
     if cov.size and np.all(np.isnan(cov)):
@@ -274,10 +396,10 @@ def _stored_fields(ds: xr.Dataset) -> dict[str, Any]:
         start_losses=np.asarray(ds["start_loss"].values),
         initial_losses=np.asarray(ds["start_initial_loss"].values),
         best_start=int(a.get("best_start", 0)),
-        uncertainty=json.loads(a.get("uncertainty", "{}")),
-        settings=json.loads(a.get("settings", "{}")),
+        uncertainty=_json_attr(ds, path, "uncertainty"),
+        settings=_json_attr(ds, path, "settings"),
         solver_stats=_prefixed(a, "solver_", int),
-        timing=json.loads(a.get("timing", "{}")),
+        timing=_json_attr(ds, path, "timing"),
         trajectories=ds[traj_vars],
         model_text=str(a.get("model_text", "")),
         hashes={k: a[k] for k in ("model_sha256", "data_sha256") if k in a},

@@ -37,7 +37,7 @@ from epifit._jit import jit
 from epifit.fitting._objective import Objective
 from epifit.model import constrain
 
-__all__ = ["Laplace", "laplace", "parameter_table"]
+__all__ = ["Laplace", "interval_note", "laplace", "parameter_table"]
 
 
 @dataclasses.dataclass
@@ -281,9 +281,38 @@ def parameter_table(
                 se = math.sqrt(var) if var >= 0 else math.nan
                 row["se"] = se
                 if est > 0 and math.isfinite(se):
-                    row["lower"] = est * math.exp(-z * se / est)
-                    row["upper"] = est * math.exp(z * se / est)
+                    row["lower"] = est * _exp(-z * se / est)
+                    row["upper"] = est * _exp(z * se / est)
                 else:
                     row["lower"], row["upper"] = est - z * se, est + z * se
             rows.append(row)
     return rows
+
+
+def _exp(v: float) -> float:
+    """`exp(v)`, `inf` where it overflows (a log-scale interval end of a
+    derived value with a huge standard error)."""
+    try:
+        return math.exp(v)
+    except OverflowError:
+        return math.inf
+
+
+def interval_note(rows: list[dict]) -> str:
+    """A note naming the estimated rows whose interval or standard error is
+    not finite although the estimate is (they overflowed: the data barely
+    constrain them), else ""."""
+    bad = [
+        r["label"]
+        for r in rows
+        if r["kind"] != "fixed"
+        and math.isfinite(r["estimate"])
+        and math.isfinite(r["se"])
+        and not (math.isfinite(r["lower"]) and math.isfinite(r["upper"]))
+    ]
+    if not bad:
+        return ""
+    return (
+        f"the intervals of {', '.join(bad)} overflow (their ends are inf or NaN): "
+        "the data barely constrain them at this point"
+    )

@@ -174,11 +174,61 @@ class Problem:
         arrays = self.arrays if arrays is None else arrays
         return self.model.observe(ys, params, arrays["covariates"])
 
+    def require_observations(self) -> None:
+        """Check that the data hold every observation the model declares, each
+        with at least one finite, unmasked value: what a fit needs (a
+        simulation may still predict unobserved series).
+
+        Raises:
+            DataError: naming the missing or empty variables and listing the
+                dataset's variables.
+        """
+        spec = self.spec
+        where = f"Model '{spec.name}'" + (
+            f" ({self.model_path})" if self.model_path else ""
+        )
+        if not spec.observations:
+            raise DataError(
+                f"{where} declares no [[observations]]; a fit needs at least one "
+                "observed series to compare with the data."
+            )
+        if self.dataset is None:
+            raise DataError(
+                f"{where} observes {[o.name for o in spec.observations]}; a fit "
+                "needs a dataset holding them (--data DATA.nc)."
+            )
+        found = sorted(map(str, self.dataset.data_vars))
+        missing = self.missing_observations
+        if missing:
+            raise DataError(
+                f"{where} observes {_names(missing)}, which the dataset lacks; "
+                f"found {found}. Add the variable(s) to the data, or remove "
+                "their [[observations]] from the model.",
+                file=self.data_path,
+            )
+        empty = []
+        for o in spec.observations:
+            y = np.asarray(self.observed[o.name])
+            if not (np.asarray(self.mask[o.name]) & np.isfinite(y)).any():
+                empty.append(o.name)
+        if empty:
+            raise DataError(
+                f"observed variable(s) {_names(empty)} of model '{spec.name}' "
+                "hold no finite value (every point is missing or NaN): there is "
+                "nothing to fit them to. Give data with observed values, or "
+                "remove their [[observations]] from the model.",
+                file=self.data_path,
+            )
+
     def hashes(self) -> dict[str, str | None]:
         return {
             "model_sha256": file_sha256(self.model_path),
             "data_sha256": file_sha256(self.data_path),
         }
+
+
+def _names(names: list[str]) -> str:
+    return ", ".join(f"'{n}'" for n in names)
 
 
 # -- binding a dataset ---------------------------------------------------------------
@@ -225,6 +275,10 @@ def _time_axis(ds: xr.Dataset, bound, days: int | None):
     """`(ts, dates)`: days since the first date, `(time,)` float, and the
     dates when the data's time axis holds them (else `None`)."""
     n_data_days = None if bound.times is None else bound.times.size
+    if n_data_days is None and TIME in ds.dims:
+        # no variable the model reads has a time axis (every observed one
+        # missing, say): the dataset's own time axis still counts its days
+        n_data_days = int(ds.sizes[TIME])
     if days is None and n_data_days is None:
         raise DataError(
             "The dataset has no 'time' dimension; give the number of days to solve for."

@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, TIME, DataError
-from epifit.model import parameters_json
+from epifit.model import default_bounds, parameters_json, value_error
 from epifit.simulation._problem import Problem
 from epifit.simulation._settings import SolverSettings
 
@@ -64,6 +64,7 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
         )
     current = problem.model.constrain(params)
     merged = {k: current[k] for k in known | neural}
+    specs = {p.name: p for p in problem.spec.parameters}
     for k, v in values.items():
         arr = np.asarray(v, dtype=np.float64)
         expected = np.shape(current[k])
@@ -71,9 +72,44 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
             raise DataError(
                 f"{where}: parameter '{k}' has shape {arr.shape}; expected {expected}"
             )
+        if k in known:
+            _check_range(specs[k], arr, where)
         merged[k] = np.broadcast_to(arr, expected)
     new = problem.model.unconstrain(merged)
     return {**params, **{k: new[k] for k in known}}
+
+
+def model_text(path: str | os.PathLike | None) -> str:
+    """The model file's text exactly as its bytes (no newline translation, so
+    that its SHA-256 is the file's `model_sha256`), or "" without a file."""
+    if not path or not Path(path).is_file():
+        return ""
+    return Path(path).read_bytes().decode("utf-8", errors="replace")
+
+
+def _absolute(path: str | os.PathLike | None) -> str:
+    """The absolute form of a path (stored beside the path as given, so that a
+    file written elsewhere still finds it), or ""."""
+    return str(Path(path).resolve()) if path else ""
+
+
+def _check_range(spec, values: np.ndarray, where: str) -> None:
+    """Raise unless every element of a constrained value lies in the range of
+    the parameter's transform and bounds."""
+    lo, hi = spec.bounds
+    if (lo, hi) == (-np.inf, np.inf):
+        lo, hi = default_bounds(spec.transform)
+    for v in np.ravel(values):
+        if not np.isfinite(v):
+            raise DataError(
+                f"{where}: parameter '{spec.name}' = {float(v)} is non-finite; give "
+                "a finite value"
+            )
+        if why := value_error(spec.transform, float(v), lo, hi):
+            raise DataError(
+                f"{where}: parameter '{spec.name}' = {float(v):g} is out of its "
+                f"range: {why}"
+            )
 
 
 def simulate(
@@ -251,10 +287,10 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
         "title": f"epifit simulation of model '{problem.spec.name}'",
         "model": problem.spec.name,
         "model_file": str(problem.model_path or ""),
-        "model_text": Path(problem.model_path).read_text()
-        if problem.model_path and Path(problem.model_path).exists()
-        else "",
+        "model_file_absolute": _absolute(problem.model_path),
+        "model_text": model_text(problem.model_path),
         "data_file": str(problem.data_path or ""),
+        "data_file_absolute": _absolute(problem.data_path),
         "epifit_version": epifit_version(),
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "time_units": "days since the first date",
