@@ -221,7 +221,10 @@ def test_params_out_of_range(tmp_path, capsys):
         out,
         capsys,
     )
-    want = r"parameter 'beta' = -1\.0 lies outside its range \[0, inf\]"
+    want = (
+        r"p\.toml: parameter 'beta' = -1 is out of its range: value -1\.0 must lie "
+        r"strictly inside \(0\.0, inf\), the range of transform 'softplus'"
+    )
     assert re.search(want, line), line
 
 

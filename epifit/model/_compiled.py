@@ -9,6 +9,7 @@ initial state (`_initial`) and the observed series (`_observation`).
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -31,7 +32,7 @@ from epifit.model._observation import predict
 from epifit.model._plan import Plan, make_plan
 from epifit.model._precompute import args_and_inputs, covariate_arrays, day_rule
 from epifit.model._spec import CovariateSpec, ModelSpec, ObservationSpec
-from epifit.model._transform import constrain, unconstrain
+from epifit.model._transform import constrain, default_bounds, unconstrain, value_error
 from epifit.model._vector_field import right_hand_side, rows
 from epifit.ode import PiecewiseConstant
 
@@ -183,16 +184,18 @@ class CompiledModel(eqx.Module):
     def _check_range(self, p, value: Any) -> None:
         if isinstance(value, jax.core.Tracer):
             return
-        v = np.ravel(np.asarray(value, dtype=np.float64))
         lo, hi = p.bounds
-        bad = (v < lo) | (v > hi)  # NaN is left to the solve, which reports it
-        if bad.any():
-            where = f" (model {self.spec.path})" if self.spec.path else ""
-            raise ValueError(
-                f"parameter {p.name!r} = {float(v[bad][0])!r} lies outside its "
-                f"range [{lo:g}, {hi:g}] (transform {p.transform!r}){where}; give "
-                "a value inside the range"
-            )
+        if (lo, hi) == (-math.inf, math.inf):
+            lo, hi = default_bounds(p.transform)
+        for v in np.ravel(np.asarray(value, dtype=np.float64)):
+            if np.isnan(v):  # NaN is left to the solve, which reports it
+                continue
+            if why := value_error(p.transform, float(v), lo, hi):
+                where = f" (model {self.spec.path})" if self.spec.path else ""
+                raise ValueError(
+                    f"parameter {p.name!r} = {float(v):g} is out of its range: "
+                    f"{why}{where}; give a value inside the range"
+                )
 
     def free_mask(self, params: Params) -> PyTree[bool]:
         """Bools for `eqx.partition`: False for fixed parameters and for the

@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, TIME, DataError
-from epifit.model import default_bounds, parameters_json, value_error
+from epifit.model import parameters_json
 from epifit.simulation._problem import Problem
 from epifit.simulation._settings import SolverSettings
 
@@ -64,7 +64,6 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
         )
     current = problem.model.constrain(params)
     merged = {k: current[k] for k in known | neural}
-    specs = {p.name: p for p in problem.spec.parameters}
     for k, v in values.items():
         arr = np.asarray(v, dtype=np.float64)
         expected = np.shape(current[k])
@@ -72,10 +71,11 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
             raise DataError(
                 f"{where}: parameter '{k}' has shape {arr.shape}; expected {expected}"
             )
-        if k in known:
-            _check_range(specs[k], arr, where)
         merged[k] = np.broadcast_to(arr, expected)
-    new = problem.model.unconstrain(merged)
+    try:
+        new = problem.model.unconstrain(merged)
+    except ValueError as e:  # a value outside its parameter's range
+        raise DataError(f"{where}: {e}") from None
     return {**params, **{k: new[k] for k in known}}
 
 
@@ -91,25 +91,6 @@ def _absolute(path: str | os.PathLike | None) -> str:
     """The absolute form of a path (stored beside the path as given, so that a
     file written elsewhere still finds it), or ""."""
     return str(Path(path).resolve()) if path else ""
-
-
-def _check_range(spec, values: np.ndarray, where: str) -> None:
-    """Raise unless every element of a constrained value lies in the range of
-    the parameter's transform and bounds."""
-    lo, hi = spec.bounds
-    if (lo, hi) == (-np.inf, np.inf):
-        lo, hi = default_bounds(spec.transform)
-    for v in np.ravel(values):
-        if not np.isfinite(v):
-            raise DataError(
-                f"{where}: parameter '{spec.name}' = {float(v)} is non-finite; give "
-                "a finite value"
-            )
-        if why := value_error(spec.transform, float(v), lo, hi):
-            raise DataError(
-                f"{where}: parameter '{spec.name}' = {float(v):g} is out of its "
-                f"range: {why}"
-            )
 
 
 def simulate(
