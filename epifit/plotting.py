@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from epifit._paths import save_figure
 from epifit._schema import PATCH, TIME
 
 __all__ = ["plot_fit", "select_patches"]
@@ -126,12 +126,7 @@ def plot_fit(
         _draw_loss(fig.add_subplot(grid[nrows - 1, :]), ds)
     fig.suptitle(_heading(ds, note), fontsize=10)
     if out is not None:
-        out = Path(out)
-        if not out.parent.is_dir():
-            raise FileNotFoundError(
-                f"Cannot write {out}: directory {out.parent} does not exist."
-            )
-        fig.savefig(out, dpi=110)
+        save_figure(fig, out)
     return fig
 
 

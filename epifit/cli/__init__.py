@@ -1,9 +1,10 @@
 """The `epifit` command line: `main(argv) -> exit code`.
 
 Each sub-command is a thin handler over the library. Library errors (bad model
-files, bad data, solver failures, missing files) are caught once here and
-printed as `epifit: error: ...` with exit code 2; `--debug` shows the
-traceback instead.
+files, bad data, solver failures, non-finite numbers, missing or unwritable
+files) and bad flags are caught once here and printed as one line
+`epifit: error: ...` with exit code 2; with `--json` the same message is also
+printed on stdout as `{"error": "..."}`. `--debug` shows the traceback.
 """
 
 from __future__ import annotations
@@ -14,23 +15,38 @@ import sys
 import traceback
 
 from epifit.cli import _commands
+from epifit.cli._json import dumps
 
 _EXPECTED = (
-    ValueError,  # ModelSpecError, DataError and argument errors subclass it
+    ValueError,  # ModelSpecError, DataError, SizeError, OutputError, ...
     TypeError,
-    FileNotFoundError,
-    PermissionError,
-    IsADirectoryError,
     NotImplementedError,
     RuntimeError,  # SolverError
-    OSError,
+    OSError,  # FileNotFoundError, PermissionError, IsADirectoryError, ...
+    ArithmeticError,  # FloatingPointError, OverflowError, ZeroDivisionError
+    MemoryError,
 )
 
 
+class _UsageError(SystemExit):
+    """A flag argparse cannot parse: reported by `main` as one line, then
+    raised on as argparse would (`SystemExit(2)`)."""
+
+    def __init__(self, message: str):
+        super().__init__(2)
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, not usage + error
+        raise _UsageError(f"{message} (see `{self.prog} --help`)")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="epifit",
         description="Fit epidemic compartment models to data, fast (JAX).",
+        exit_on_error=False,
     )
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     p.add_argument(
@@ -39,17 +55,26 @@ def _parser() -> argparse.ArgumentParser:
         default="float64",
         help="floating-point precision (default float64)",
     )
-    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, (help_, add_args, _) in _commands.COMMANDS.items():
-        sp = sub.add_parser(name, help=help_, description=help_)
+        sp = sub.add_parser(name, help=help_, description=help_, exit_on_error=False)
         add_args(sp)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; returns the process exit code."""
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = _parser()
-    args = parser.parse_args(argv)
+    wants_json = "--json" in argv
+    try:
+        args = parser.parse_args(argv)
+    except argparse.ArgumentError as e:
+        name = e.argument_name or "argument"
+        return _fail(f"{name} {e.message}", wants_json)
+    except _UsageError as e:
+        _fail(e.message, wants_json)
+        raise
     if args.command is None:
         parser.print_help()
         return 0
@@ -62,11 +87,34 @@ def main(argv: list[str] | None = None) -> int:
     except _EXPECTED as e:
         if args.debug:
             traceback.print_exc()
-        msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
-        if "SolverError" in str(e) and "SolverError: " in msg:
-            msg = msg.split("SolverError: ", 1)[1]
-        print(f"epifit: error: {msg}", file=sys.stderr)
-        return 2
+        return _fail(_message(e), getattr(args, "json", False))
+
+
+def _message(e: BaseException) -> str:
+    """The last line of the error's text (JAX and Equinox put the reason
+    last), with the kind of error for the arithmetic ones."""
+    text = str(e).strip()
+    msg = text.splitlines()[-1] if text else type(e).__name__
+    if "SolverError: " in msg:
+        msg = msg.split("SolverError: ", 1)[1]
+    if isinstance(e, ArithmeticError | MemoryError) and text:
+        kind = {
+            OverflowError: "overflow",
+            ZeroDivisionError: "division by zero",
+            FloatingPointError: "non-finite number",
+            MemoryError: "out of memory",
+        }.get(type(e), type(e).__name__)
+        msg = f"{kind}: {msg} (rerun with --debug to see where)"
+    elif isinstance(e, MemoryError):
+        msg = "out of memory; give fewer days, samples or starts"
+    return msg
+
+
+def _fail(message: str, as_json: bool) -> int:
+    print(f"epifit: error: {message}", file=sys.stderr)
+    if as_json:
+        print(dumps({"error": message}))
+    return 2
 
 
 def _configure(args) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import warnings
 
-from epifit._paths import existing_file, output_file
+import epifit.cli._flags as _flags
+from epifit._paths import existing_file, output_file, output_lock
+from epifit.cli._json import dumps
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,16 +22,24 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--checkpoint-every",
-        type=int,
+        type=_flags.count,
         metavar="N",
         help="checkpoint the optimiser state every N iterations to FIT.ckpt",
     )
-    p.add_argument("--seed", type=int, help="seed of the multi-start perturbations")
-    p.add_argument("--n-starts", type=int, help="starting points (multi-start)")
-    p.add_argument("--max-iterations", type=int, help="cap on iterations")
-    p.add_argument("--time-budget", type=float, help="seconds; stop (and checkpoint)")
-    p.add_argument("--rtol", type=float, help="solver relative tolerance")
-    p.add_argument("--atol", type=float, help="solver absolute tolerance")
+    p.add_argument(
+        "--seed", type=_flags.seed, help="seed of the multi-start perturbations"
+    )
+    p.add_argument(
+        "--n-starts",
+        type=_flags.starts,
+        help="starting points (multi-start)",
+    )
+    p.add_argument("--max-iterations", type=_flags.count, help="cap on iterations")
+    p.add_argument(
+        "--time-budget", type=_flags.tolerance, help="seconds; stop (and checkpoint)"
+    )
+    p.add_argument("--rtol", type=_flags.tolerance, help="solver relative tolerance")
+    p.add_argument("--atol", type=_flags.tolerance, help="solver absolute tolerance")
     _adjoint_arg(p)
     p.add_argument(
         "--no-uncertainty", action="store_true", help="skip the Laplace approximation"
@@ -55,14 +64,52 @@ def _adjoint_arg(p: argparse.ArgumentParser) -> None:
 
 def _run(a) -> int:
     from epifit.data import write_dataset
-    from epifit.fitting import calibrate, checkpoint_path
+    from epifit.fitting import checkpoint_path
 
     model = existing_file(a.model, "Model")
     data = existing_file(a.data, "Data")
     fit = existing_file(a.fit, "Fit configuration") if a.fit else None
-    out = output_file(a.out)
-    if a.checkpoint_every is not None and a.checkpoint_every < 1:
-        raise ValueError(f"--checkpoint-every must be >= 1; got {a.checkpoint_every}")
+    inputs = {"the model": model, "--data": data, "--fit": fit}
+    # the checkpoint is written (and read on --resume) beside --out
+    ckpt = {"its checkpoint": checkpoint_path(a.out)}
+    out = output_file(a.out, inputs=inputs, also_writes=ckpt)
+    with output_lock(out):
+        result = _calibrate(a, model, data, fit, out)
+        ds = result.to_dataset()
+        ds.attrs["command"] = " ".join(
+            ["epifit calibrate", a.model, f"--data {a.data}", f"--out {a.out}"]
+            + ([f"--fit {a.fit}"] if a.fit else [])
+        )
+        write_dataset(ds, out)
+    if a.json:
+        summary = result.to_json()
+        summary["out"] = str(out)
+        print(dumps(summary))
+    else:
+        print(result.summary())
+        print(f"wrote {out}")
+    return 0
+
+
+# the flags that are fit settings, checked as the fields of a fit file are
+_SETTING_FLAGS = {
+    "seed": "--seed",
+    "n_starts": "--n-starts",
+    "max_iterations": "--max-iterations",
+    "time_budget": "--time-budget",
+    "rtol": "--rtol",
+    "atol": "--atol",
+}
+
+
+def _calibrate(a, model, data, fit, out):
+    from epifit.fitting import calibrate, check_fit_settings, checkpoint_path
+
+    check_fit_settings(
+        {key: getattr(a, key) for key in _SETTING_FLAGS},
+        file="epifit calibrate",
+        names=_SETTING_FLAGS,
+    )
     use_checkpoint = a.resume or a.checkpoint_every is not None
     with warnings.catch_warnings():
         # a fit stopped by persistent non-finite losses says so in its summary
@@ -84,20 +131,7 @@ def _run(a) -> int:
             resume=a.resume,
             progress=False if a.no_progress else "auto",
         )
-    ds = result.to_dataset()
-    ds.attrs["command"] = " ".join(
-        ["epifit calibrate", a.model, f"--data {a.data}", f"--out {a.out}"]
-        + ([f"--fit {a.fit}"] if a.fit else [])
-    )
-    write_dataset(ds, out)
-    if a.json:
-        summary = result.to_json()
-        summary["out"] = str(out)
-        print(json.dumps(summary))
-    else:
-        print(result.summary())
-        print(f"wrote {out}")
-    return 0
+    return result
 
 
 COMMAND = (

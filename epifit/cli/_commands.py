@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 
-from epifit._paths import existing_file, output_file
+import epifit.cli._flags as _flags
+from epifit._paths import existing_file, output_file, output_lock
+from epifit.cli._json import dumps
 
 
 def _tolerance_args(p: argparse.ArgumentParser) -> None:
@@ -20,7 +21,7 @@ def _tolerance_args(p: argparse.ArgumentParser) -> None:
     ):
         p.add_argument(
             flag,
-            type=float,
+            type=_flags.tolerance,
             default=value,
             help=f"solver {what} tolerance (default {value:g})",
         )
@@ -32,8 +33,12 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", help="dataset (netCDF) with covariates/initial data")
     p.add_argument("--out", required=True, help="output netCDF file")
     p.add_argument("--params", help="parameter values (TOML or JSON: name = value)")
-    p.add_argument("--days", type=int, help="days to simulate (default: the data's)")
-    p.add_argument("--patches", type=int, help="patches, for a model run without data")
+    p.add_argument(
+        "--days", type=_flags.count, help="days to simulate (default: the data's)"
+    )
+    p.add_argument(
+        "--patches", type=_flags.count, help="patches, for a model run without data"
+    )
     _tolerance_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
@@ -45,18 +50,21 @@ def _simulate(a) -> int:
     model = existing_file(a.model, "Model")
     data = existing_file(a.data, "Data") if a.data else None
     params = existing_file(a.params, "Parameter") if a.params else None
-    out = output_file(a.out)  # before the solve, not after it
-    ds = simulate(
-        model,
-        data,
-        values=params,
-        days=a.days,
-        n_patches=a.patches,
-        rtol=a.rtol,
-        atol=a.atol,
-    )
-    ds.attrs["command"] = _simulate_command(a)
-    out = write_dataset(ds, out)
+    # before the solve, not after it
+    inputs = {"the model": model, "--data": data, "--params": params}
+    out = output_file(a.out, inputs=inputs)
+    with output_lock(out):
+        ds = simulate(
+            model,
+            data,
+            values=params,
+            days=a.days,
+            n_patches=a.patches,
+            rtol=a.rtol,
+            atol=a.atol,
+        )
+        ds.attrs["command"] = _simulate_command(a)
+        out = write_dataset(ds, out)
     summary = {
         "out": str(out),
         "model": ds.attrs["model"],
@@ -65,7 +73,7 @@ def _simulate(a) -> int:
         "steps": ds.attrs.get("solver_num_accepted_steps"),
     }
     if a.json:
-        print(json.dumps(summary))
+        print(dumps(summary))
     else:
         print(
             f"wrote {out}: model '{summary['model']}', {summary['days']} days x "
@@ -100,7 +108,7 @@ def _adjoints_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data", required=True, help="dataset (netCDF) with observations")
     p.add_argument("--params", help="parameter values (TOML or JSON: name = value)")
     _tolerance_args(p)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=_flags.count, default=3)
     p.add_argument("--json", action="store_true", help="print the records as JSON")
 
 
@@ -115,7 +123,7 @@ def _adjoints(a) -> int:
     audit = audit_adjoints(problem, params, rtol=a.rtol, atol=a.atol, repeats=a.repeats)
     if a.json:
         print(
-            json.dumps(
+            dumps(
                 {
                     "records": audit.records,
                     "recommended": audit.recommended,

@@ -8,9 +8,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from epifit._paths import existing_file
+from epifit._paths import existing_file, output_file, output_lock
+from epifit.cli._json import dumps
 
 HELP = "convert data tables to datasets (epifit data import TABLE.csv --out DATA.nc)"
 
@@ -61,15 +61,17 @@ def _import(a: argparse.Namespace) -> int:
     table = existing_file(a.table, "CSV")
     values = None if a.values is None else _names(a.values)
     attrs = {"source": table.name, **_attrs(a.attr)}
-    ds = from_csv(
-        table,
-        time=a.time,
-        patch=a.patch,
-        values=values,
-        attrs=attrs,
-        fill_days=a.fill_days,
-    )
-    out = write_dataset(ds, a.out)
+    out = output_file(a.out, inputs={"the table": table})
+    with output_lock(out):
+        ds = from_csv(
+            table,
+            time=a.time,
+            patch=a.patch,
+            values=values,
+            attrs=attrs,
+            fill_days=a.fill_days,
+        )
+        out = write_dataset(ds, out)
     summary = {
         "out": str(out),
         "variables": [str(v) for v in ds.data_vars],
@@ -77,7 +79,7 @@ def _import(a: argparse.Namespace) -> int:
         "patches": int(ds.sizes["patch"]) if "patch" in ds.dims else None,
     }
     if a.json:
-        print(json.dumps(summary))
+        print(dumps(summary))
     else:
         where = "" if summary["patches"] is None else f" x {summary['patches']} patches"
         print(

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 
-from epifit._paths import existing_file, output_file
+import epifit.cli._flags as _flags
+from epifit._paths import existing_file, output_file, output_lock
+from epifit.cli._json import dumps
+from epifit.cli._plot import fit_inputs
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,19 +19,22 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="output forecast file (netCDF)")
     p.add_argument(
         "--days",
-        type=int,
+        type=_flags.integer(0),
         help="forecast days past the data (default: the scenario file's `days`)",
     )
     p.add_argument(
         "--samples",
-        type=int,
+        type=_flags.integer(0),
         default=100,
         help="parameter draws from the fit's Laplace approximation (default 100; "
         "0: the point estimate only)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of the draws (default 0)")
+    p.add_argument(
+        "--seed", type=_flags.seed, default=0, help="seed of the draws (default 0)"
+    )
     p.add_argument(
         "--quantiles",
+        type=_flags.levels,
         help="comma-separated levels (default 0.025,0.25,0.5,0.75,0.975)",
     )
     p.add_argument(
@@ -41,7 +46,9 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="the fit's dataset, when the data file named in FIT.nc moved",
     )
     p.add_argument(
-        "--chunk-size", type=int, help="samples per compiled call (default by memory)"
+        "--chunk-size",
+        type=_flags.count,
+        help="samples per compiled call (default by memory)",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
@@ -57,35 +64,31 @@ def _run(a) -> int:
     fit = existing_file(a.fit, "Fit")
     scenarios = existing_file(a.scenarios, "Scenario") if a.scenarios else ()
     data = existing_file(a.data, "Data") if a.data else None
-    out = output_file(a.out)
-    try:
-        quantiles = [float(x) for x in _list(a.quantiles)] or DEFAULT_QUANTILES
-    except ValueError:
-        raise ValueError(
-            f"--quantiles must be comma-separated numbers; got {a.quantiles!r}"
-        ) from None
-    ds = forecast(
-        fit,
-        scenarios,
-        days=a.days,
-        samples=a.samples,
-        seed=a.seed,
-        quantiles=quantiles,
-        compartments=_list(a.compartments),
-        data=data,
-        chunk_size=a.chunk_size,
-    )
-    ds.attrs["command"] = " ".join(
-        ["epifit forecast", a.fit]
-        + ([f"--scenarios {a.scenarios}"] if a.scenarios else [])
-        + [f"--days {ds.attrs['days']}", f"--samples {a.samples}", f"--seed {a.seed}"]
-        + [f"--out {a.out}"]
-    )
-    write_dataset(ds, out)
+    inputs = {"--scenarios": scenarios or None, "--data": data, **fit_inputs(fit)}
+    out = output_file(a.out, inputs=inputs)
+    with output_lock(out):
+        ds = forecast(
+            fit,
+            scenarios,
+            days=a.days,
+            samples=a.samples,
+            seed=a.seed,
+            quantiles=a.quantiles or DEFAULT_QUANTILES,
+            compartments=_list(a.compartments),
+            data=data,
+            chunk_size=a.chunk_size,
+        )
+        ds.attrs["command"] = " ".join(
+            ["epifit forecast", a.fit]
+            + ([f"--scenarios {a.scenarios}"] if a.scenarios else [])
+            + [f"--days {ds.attrs['days']}", f"--samples {a.samples}"]
+            + [f"--seed {a.seed}", f"--out {a.out}"]
+        )
+        write_dataset(ds, out)
     summary = forecast_summary(ds)
     summary["out"] = str(out)
     if a.json:
-        print(json.dumps(summary))
+        print(dumps(summary))
         return 0
     levels = summary["quantiles"]
     lo, hi = f"{levels[0]:g}", f"{levels[-1]:g}"

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
+
+import epifit.cli._flags as _flags
+from epifit._paths import output_file, output_lock
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,7 +19,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--max-patches",
-        type=int,
+        type=_flags.count,
         default=12,
         help="the most patches drawn when --patches is not given (default 12)",
     )
@@ -27,22 +31,38 @@ def _run(a) -> int:
     src = Path(a.file)
     if not src.exists():
         raise FileNotFoundError(f"File {src} does not exist.")
-    if a.max_patches < 1:
-        raise ValueError(f"--max-patches must be >= 1; got {a.max_patches}")
+    out = output_file(a.out, inputs=fit_inputs(src))
     patches = (
         [p.strip() for p in a.patches.split(",") if p.strip()] if a.patches else None
     )
-    # -- forecasts (epifit.forecasting): fan charts per scenario --------------
-    if _is_forecast(src):
-        from epifit.forecasting import plot_forecast
+    with output_lock(out):
+        # -- forecasts (epifit.forecasting): fan charts per scenario ----------
+        if _is_forecast(src):
+            from epifit.forecasting import plot_forecast
 
-        plot_forecast(src, a.out, patches=patches)
-        print(f"wrote {a.out}")
-        return 0
-    # ---------------------------------------------------------------------------
-    plot_fit(src, a.out, patches=patches, max_patches=a.max_patches)
+            plot_forecast(src, out, patches=patches)
+        else:
+            plot_fit(src, out, patches=patches, max_patches=a.max_patches)
     print(f"wrote {a.out}")
     return 0
+
+
+def fit_inputs(path: Path) -> dict[str, str]:
+    """What a command reading a fit, forecast or simulation file reads: the
+    file and the data file its attributes name (`data_file`, relative to
+    where it was written, and `data_file_absolute` where stored)."""
+    import netCDF4
+
+    inputs = {"the input file": str(path)}
+    try:
+        with netCDF4.Dataset(path) as nc:
+            for key in ("data_file", "data_file_absolute"):
+                name = getattr(nc, key, "")
+                if isinstance(name, str) and name and os.path.exists(name):
+                    inputs[f"the data file it names ({key})"] = name
+    except (OSError, ValueError, RuntimeError):
+        pass  # the reader reports unreadable files
+    return inputs
 
 
 def _is_forecast(path: Path) -> bool:

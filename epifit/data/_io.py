@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
-import uuid
+import shutil
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
+from epifit._paths import atomic_write, describe_os_error
 from epifit.data._errors import DataError
 
 _ENGINE = "netcdf4"
@@ -62,6 +63,9 @@ def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
     [`open_dataset`][epifit.data.open_dataset], with one normalisation: datetimes
     come back as `datetime64[ns]` whatever their resolution in memory.
 
+    Temporaries left by writers killed mid-write (`.NAME.PID.HEX.tmp` of a
+    PID no longer alive) are removed first.
+
     Cost: one full write of the encoded dataset and one `fsync` of the file and
     of its directory; the temporary file needs the dataset's size on disk beside
     the old file until the rename.
@@ -75,7 +79,9 @@ def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
 
     Raises:
         DataError: if the directory does not exist or the dataset cannot be
-            encoded as netCDF (for instance an attribute holding a `dict`).
+            encoded as netCDF (for instance an attribute holding a `dict`), or
+            the write fails (the errno's meaning: `no space left on device
+            (ENOSPC)`).
     """
     path = Path(path)
     if not isinstance(ds, xr.Dataset):
@@ -84,23 +90,34 @@ def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
     if not directory.is_dir():
         raise DataError(f"Cannot write '{path}': directory '{directory}' missing.")
     _check_attrs(ds)
-    tmp = directory / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        ds.to_netcdf(tmp, engine=_ENGINE, format="NETCDF4")
-        fd = os.open(tmp, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except (OSError, ValueError, TypeError, RuntimeError) as e:
-        tmp.unlink(missing_ok=True)
-        raise DataError(f"Cannot write '{path}' as netCDF: {e}") from e
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(directory)
+        atomic_write(
+            path, lambda tmp: ds.to_netcdf(tmp, engine=_ENGINE, format="NETCDF4")
+        )
+    except OSError as e:
+        raise DataError(
+            f"Cannot write '{path}' as netCDF: {describe_os_error(e)}"
+        ) from e
+    except (ValueError, TypeError, RuntimeError) as e:
+        raise DataError(
+            f"Cannot write '{path}' as netCDF: {_reason(e, ds, directory)}"
+        ) from e
     return path
+
+
+def _reason(e: Exception, ds: xr.Dataset, directory: Path) -> str:
+    """What the netCDF writer said, or that the disk is full: the HDF5
+    library reports a full disk as `NetCDF: HDF error`."""
+    try:
+        free = shutil.disk_usage(directory).free
+    except OSError:
+        return str(e)
+    if free < ds.nbytes + (1 << 20):
+        return (
+            f"no space left on device (ENOSPC): {free / 1e6:.1f} MB free in "
+            f"'{directory}', the dataset needs about {ds.nbytes / 1e6:.1f} MB"
+        )
+    return str(e)
 
 
 _ATTR_TYPES = (str, int, float, np.number, np.ndarray, list, tuple)
@@ -118,20 +135,6 @@ def _check_attrs(ds: xr.Dataset) -> None:
                     "which netCDF cannot store; use a string, a number or an array "
                     "of numbers."
                 )
-
-
-def _fsync_directory(directory: Path) -> None:
-    """Make the rename durable where the platform allows it (POSIX)."""
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open directories
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _strings_to_str(ds: xr.Dataset) -> xr.Dataset:

@@ -14,6 +14,7 @@ import numpy as np
 import xarray as xr
 from jax.flatten_util import ravel_pytree
 
+from epifit._memory import check_memory
 from epifit._paths import file_sha256
 from epifit.data import FEATURE
 from epifit.fitting import FitResult, leaf_labels
@@ -28,11 +29,7 @@ from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
 from epifit.forecasting._summary import first_row, summarize
-from epifit.ode import (
-    AbstractSolver,
-    AbstractStepSizeController,
-    PIDController,
-)
+from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
 from epifit.simulation import SOLVERS, Problem, SolverSettings
 
 __all__ = [
@@ -251,7 +248,7 @@ def prepare_forecast(
     model = problem.model
     observations = tuple(o.name for o in model.spec.observations)
     compartments = _check_compartments(model, tuple(compartments), observations)
-    horizon = _horizon(problem, days)
+    horizon = _horizon(problem, days, samples, len(observations + compartments))
     bound = _bind(problem, params, sset, horizon, baseline)
     template, static = param_template(model, params)
     xs = _draws(problem, template, fit_obj, cov, samples, seed)
@@ -328,15 +325,23 @@ def _check_compartments(model, compartments: tuple[str, ...], observations):
     return compartments
 
 
-def _horizon(problem: Problem, days: int) -> Horizon:
-    """The data's days and `days` forecast days after them."""
+def _horizon(problem: Problem, days: int, samples: int, n_series: int) -> Horizon:
+    """The data's days and `days` forecast days after them, checked to fit in
+    memory: a scenario's series for every draw and a solve's states, per day."""
     n_fit = int(problem.ts.size)
-    first = None
-    if problem.dates is not None:
-        first = np.datetime64(problem.dates[0], "D")
+    first = None if problem.dates is None else np.datetime64(problem.dates[0], "D")
     horizon = Horizon(n_fit=n_fit, n_days=n_fit + int(days), first_date=first)
     if horizon.n_days < 2:
         raise ValueError("A forecast needs at least 2 days in all; give days >= 1.")
+    k, p = 1 + int(samples), problem.n_patches
+    state = sum(problem.model.stages.values()) * p
+    check_memory(
+        8.0 * horizon.n_days * (2 * k * n_series * p + 3 * state),
+        f"days = {days} with {samples} samples",
+        f"{horizon.n_days:.3g} days x (2 x {k} draws x {n_series} series x {p} "
+        f"patches + 3 x {state} states) x 8 bytes",
+        "give fewer days (--days) or samples (--samples)",
+    )
     return horizon
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
+from epifit._paths import save_figure
 from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
 
 __all__ = ["plot_forecast"]
@@ -94,12 +94,7 @@ def plot_forecast(
         fontsize=10,
     )
     if out is not None:
-        out = Path(out)
-        if not out.parent.is_dir():
-            raise FileNotFoundError(
-                f"Cannot write {out}: directory {out.parent} does not exist."
-            )
-        fig.savefig(out, dpi=110)
+        save_figure(fig, out)
     return fig
 
 
