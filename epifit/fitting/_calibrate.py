@@ -25,12 +25,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from epifit._paths import remove_stale_temporaries
 from epifit.fitting._checkpoint import (
     CheckpointError,
     checkpoint_phase,
     fingerprint,
     load_checkpoint,
-    remove_stale,
     save_checkpoint,
 )
 from epifit.fitting._config import FitConfig, PhasesLike
@@ -245,7 +245,7 @@ def _optimizer(setup: FitSetup, xs, data, settings: dict, checkpoint, resume: bo
             file=sys.stderr,
         )
         return optimizer, None
-    remove_stale(checkpoint)
+    remove_stale_temporaries(checkpoint)
     p = checkpoint_phase(checkpoint)
     if p >= len(setup.phases):
         raise CheckpointError(

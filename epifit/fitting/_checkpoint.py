@@ -18,7 +18,6 @@ import hashlib
 import io
 import json
 import os
-import uuid
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from epifit._errors import LocatedError
+from epifit._paths import atomic_write
 
 __all__ = [
     "CheckpointError",
@@ -89,19 +89,6 @@ def fingerprint(*, spec, arrays, xs, settings: dict) -> str:
     return h.hexdigest()
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # pragma: no cover - platforms without directory fds
-        return
-    try:
-        os.fsync(fd)
-    except OSError:  # pragma: no cover
-        pass
-    finally:
-        os.close(fd)
-
-
 def save_checkpoint(path: str | os.PathLike, carry, record: dict, key: str) -> Path:
     """Write a checkpoint atomically (temporary file, fsync, rename)."""
     path = Path(path)
@@ -131,8 +118,8 @@ def save_checkpoint(path: str | os.PathLike, carry, record: dict, key: str) -> P
     buffer = io.BytesIO()
     np.savez(buffer, **arrays)
     payload = buffer.getvalue()
-    tmp = path.parent / f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    try:
+
+    def write(tmp: Path) -> None:
         with open(tmp, "wb") as fh:
             half = len(payload) // 2
             fh.write(payload[:half])
@@ -140,23 +127,8 @@ def save_checkpoint(path: str | os.PathLike, carry, record: dict, key: str) -> P
                 fh.flush()
                 _hook(tmp)
             fh.write(payload[half:])
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
 
-
-def remove_stale(path: str | os.PathLike) -> list[Path]:
-    """Delete temporary files left by writers that were killed mid-write."""
-    path = Path(path)
-    stale = list(path.parent.glob(f".{path.name}.*.tmp"))
-    for p in stale:
-        p.unlink(missing_ok=True)
-    return stale
+    return atomic_write(path, write)
 
 
 def load_checkpoint(path: str | os.PathLike, template, key: str) -> dict:
