@@ -10,8 +10,6 @@ that reads the file: `simulate --days 5` for models and datasets, `calibrate
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 import math
 import os
 import shutil
@@ -23,6 +21,7 @@ import pytest
 import xarray as xr
 
 hypothesis = pytest.importorskip("hypothesis")
+from helpers import to_toml  # noqa: E402
 from hypothesis import HealthCheck, Phase, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
@@ -63,34 +62,6 @@ def _no_persistent_cache(monkeypatch):
 
 
 # -- TOML -----------------------------------------------------------------------------
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)
-    if isinstance(v, _dt.date | _dt.time):  # TOML dates and times, unquoted
-        return v.isoformat()
-    if isinstance(v, list):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        items = (f"{json.dumps(str(k))} = {_toml_value(x)}" for k, x in v.items())
-        return "{" + ", ".join(items) + "}"
-    raise TypeError(type(v))
-
-
-def _toml_dumps(doc: dict) -> str:
-    """A TOML document of top-level keys with inline tables: valid TOML 1.0."""
-    return "".join(f"{json.dumps(k)} = {_toml_value(v)}\n" for k, v in doc.items())
-
-
 def _leaves(node, path=()):
     """Every field path of a TOML document (tables and arrays included)."""
     items = node.items() if isinstance(node, dict) else enumerate(node)
@@ -112,7 +83,7 @@ def _corrupt_toml(text: str, data) -> str:
         del parent[path[-1]]
     else:
         parent[path[-1]] = value
-    return _toml_dumps(doc)
+    return to_toml(doc)
 
 
 # -- netCDF ---------------------------------------------------------------------------
