@@ -436,3 +436,73 @@ def test_deep_toml_names_the_file_in_every_reader(depth, tmp_path):
 
         with pytest.raises(ValueError, match=r"p\.json: arrays or tables nested"):
             read_values_file(values, fail)
+
+
+# -- ranges at values given or fitted later (not known when the file loads) -------
+def _difference_rate_model(tmp_path: Path) -> Path:
+    """The SIR with `rate = "g1 - g2"` of two identity-transform parameters:
+    valid at the file's values (0.5), negative where g2 > g1."""
+    text = (MODELS / "sir.toml").read_text()
+    text = text.replace(
+        'gamma = { value = 0.5, transform = "softplus" }',
+        "g1 = { value = 1.0 }\ng2 = { value = 0.5 }",
+    )
+    text = text.replace('R0 = "beta / gamma"', 'R0 = "beta / (g1 - g2)"')
+    text = text.replace('rate = "gamma"', 'rate = "g1 - g2"')
+    path = tmp_path / "diff.toml"
+    path.write_text(text)
+    return path
+
+
+def test_range_violations_at_other_values(tmp_path):
+    from epifit.model import compile_model
+
+    model = compile_model(load_model(_difference_rate_model(tmp_path)))
+    values = model.constrain(model.init_params(1))
+    assert model.range_violations(values) == []
+    values = {**values, "g2": np.float64(3.0)}
+    assert model.range_violations(values) == [
+        "transitions[0].rate: a rate must be >= 0, but 'g1 - g2' is -2.0"
+    ]
+    # NaN is left to the solve, which reports it
+    assert model.range_violations({**values, "g2": np.float64(np.nan)}) == []
+
+
+def test_params_that_break_a_rate_are_refused(tmp_path, capsys):
+    model = _difference_rate_model(tmp_path)
+    params = tmp_path / "p.toml"
+    params.write_text("g2 = 3.0\n")
+    out = tmp_path / "out.nc"
+    line = _run(
+        ["simulate", str(model), "--days", "5", "--params", str(params)]
+        + ["--out", str(out)],
+        [model, params],
+        out,
+        capsys,
+    )
+    want = (
+        r"p\.toml: these values break the model: transitions\[0\]\.rate: a rate must "
+        r"be >= 0, but 'g1 - g2' is -2\.0"
+    )
+    assert re.search(want, line), line
+
+
+def test_a_fit_that_breaks_a_rate_says_so(tmp_path):
+    import epifit
+
+    model = _difference_rate_model(tmp_path)
+    problem = epifit.Problem(model, DATA / "boarding_school_1978.nc")
+    init = {**problem.init_params(), "g2": np.float64(1.25)}  # identity: as given
+    fit = epifit.calibrate(
+        problem,
+        init=init,
+        optimizer={"method": "adam", "iterations": 1, "learning_rate": 1e-6},
+        uncertainty=False,
+        progress=False,
+    )
+    assert not fit.converged
+    assert re.search(
+        r"the fitted values break the model: transitions\[0\]\.rate: a rate must be "
+        r">= 0, but 'g1 - g2' is -0\.2499",
+        fit.message,
+    ), fit.message

@@ -155,8 +155,25 @@ def calibrate(
     out, optimize_s = _optimize(optimizer_, xs, data, resumed, progress, setup, problem)
     outcome = _outcome(out, setup)  # best_start, converged, message
     fields = _fit_result(setup, out, outcome["best_start"], xs, data)
+    _check_ranges(setup.problem, fields["params"], outcome)
     timing = _timing(wall, optimize_s, out["record"])
     return FitResult(**outcome, **fields, settings=settings, timing=timing)
+
+
+def _check_ranges(problem: Problem, fitted, outcome: dict) -> None:
+    """A fitted point that takes a rate, probability or initial condition out
+    of its range (through a parameter whose transform does not keep it there,
+    e.g. `rate = "a - b"` with identity transforms) is not a valid model: the
+    message names the field and `converged` is False."""
+    broken = problem.model.range_violations(problem.model.constrain(fitted))
+    if broken:
+        more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
+        outcome["message"] = (
+            f"{outcome['message']}; the fitted values break the model: "
+            f"{broken[0]}{more}; give its parameters transforms that keep it in "
+            "range (softplus, sigmoid)"
+        )
+        outcome["converged"] = False
 
 
 def _bind(model_or_problem, data) -> Problem:

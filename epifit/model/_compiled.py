@@ -31,6 +31,7 @@ from epifit.model._neural import make_mlp
 from epifit.model._observation import predict
 from epifit.model._plan import Plan, make_plan
 from epifit.model._precompute import args_and_inputs, covariate_arrays, day_rule
+from epifit.model._section import range_violations
 from epifit.model._spec import CovariateSpec, ModelSpec, ObservationSpec
 from epifit.model._transform import constrain, default_bounds, unconstrain, value_error
 from epifit.model._vector_field import right_hand_side, rows
@@ -163,6 +164,16 @@ class CompiledModel(eqx.Module):
         for name in self.plan.derived_order:
             out[name] = derived[name].evaluate(out)
         return out
+
+    def range_violations(self, values: Mapping[str, Any]) -> list[str]:
+        """The fields whose required range (rates >= 0, probabilities in
+        [0, 1], initial conditions >= 0, populations > 0) the constrained
+        `values` (parameters and derived quantities, concrete: e.g.
+        `constrain(params)` at a fitted point) break, as sentences naming the
+        field and the expression. The same checks the model file got at its
+        initial values; expressions that read covariates are skipped. Cost:
+        one NumPy evaluation per checked expression, outside any solve."""
+        return range_violations(self.spec.range_checks, values)
 
     def unconstrain(self, values: Mapping[str, Any]) -> Params:
         """Inverse of [`constrain`][]; derived quantities in `values` are ignored.

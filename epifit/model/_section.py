@@ -41,6 +41,9 @@ class SectionContext:
         start: name -> value of every parameter and derived quantity at the
             parameters' initial values.
         ranges: parameter -> `(transform, lower, upper, fixed)`.
+        range_checks: `(location, context, expression)` of every expression
+            whose field has a required range (`REQUIRED_RANGES`), for
+            checking it again at other parameter values (`range_violations`).
     """
 
     def __init__(self, data: Any, file: str | None):
@@ -58,6 +61,7 @@ class SectionContext:
         self.constants: dict[str, np.ndarray] = {}
         self.start: dict[str, np.ndarray] = {}
         self.ranges: dict[str, tuple[str, float, float, bool]] = {}
+        self.range_checks: list[tuple[str, str, Expression]] = []
 
     def declare(self, name: str, kind: str, location: str) -> None:
         """Add `name` to the one namespace all declared names share."""
@@ -160,10 +164,9 @@ class SectionContext:
             )
         if context not in REQUIRED_RANGES:
             return
+        self.range_checks.append((location, context, expr))
         lo, hi, closed = REQUIRED_RANGES[context]
-        want = f">= {lo:g}" if closed else f"> {lo:g}"
-        if hi < math.inf:
-            want = f"in [{lo:g}, {hi:g}]"
+        want = range_text(context)
         # the start is checked for its range only: a non-finite start is the
         # fit's to report (a fit may start elsewhere, `values=`)
         value, _ = fold(expr, self.start)
@@ -199,3 +202,43 @@ class SectionContext:
                             else 'transform = "softplus" (range (0, inf))'
                         ),
                     )
+
+
+def range_text(context: str) -> str:
+    """What a value of `context` must be, in words: `>= 0`, `in [0, 1]`."""
+    lo, hi, closed = REQUIRED_RANGES[context]
+    if hi < math.inf:
+        return f"in [{lo:g}, {hi:g}]"
+    return f">= {lo:g}" if closed else f"> {lo:g}"
+
+
+def range_violations(
+    checks: tuple[tuple[str, str, Expression], ...], values: Mapping[str, Any]
+) -> list[str]:
+    """The range checks (`SectionContext.range_checks`) that fail at the
+    constrained parameter and derived `values` (concrete numbers), as
+    sentences naming the field and the expression; expressions that read
+    covariates or neural sub-models are not constant here and are skipped.
+    Cost: one NumPy evaluation of each checked expression."""
+    env = {k: np.asarray(v, np.float64) for k, v in values.items() if _numeric(v)}
+    out = []
+    for location, context, expr in checks:
+        value, _ = fold(expr, env)
+        if value is None:
+            continue
+        lo, hi, closed = REQUIRED_RANGES[context]
+        v = np.ravel(value)
+        bad = (v < lo) | (v > hi) | ((v == lo) & (not closed))
+        if bad.any():
+            out.append(
+                f"{location}: {context} must be {range_text(context)}, but "
+                f"{expr.source!r} is {float(v[bad][0])!r}"
+            )
+    return out
+
+
+def _numeric(value: Any) -> bool:
+    try:
+        return np.asarray(value).dtype.kind in "fiub"
+    except Exception:  # a neural sub-model
+        return False

@@ -209,3 +209,7 @@ class ModelSpec:
     initial: tuple[InitialSpec, ...] = ()
     description: str = ""
     path: str | None = dataclasses.field(default=None, compare=False)
+    range_checks: tuple = dataclasses.field(default=(), compare=False, repr=False)
+    """`(location, context, expression)` of each expression whose field has a
+    required range (rates >= 0, probabilities in [0, 1], ...), checked again
+    at other parameter values by `CompiledModel.range_violations`."""

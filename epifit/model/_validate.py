@@ -107,6 +107,7 @@ def spec_from_dict(
         observations=observations,
         initial=initial,
         path=file,
+        range_checks=tuple(ctx.range_checks),
     )
 
 

@@ -76,7 +76,11 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
         new = problem.model.unconstrain(merged)
     except ValueError as e:  # a value outside its parameter's range
         raise DataError(f"{where}: {e}") from None
-    return {**params, **{k: new[k] for k in known}}
+    out = {**params, **{k: new[k] for k in known}}
+    # a rate or probability that these values take out of its range
+    if broken := problem.model.range_violations(problem.model.constrain(out)):
+        raise DataError(f"{where}: these values break the model: {broken[0]}")
+    return out
 
 
 def model_text(path: str | os.PathLike | None) -> str:
