@@ -367,3 +367,28 @@ def test_a_failed_forward_solve_is_not_pulled_back(name):
 
     val, g, *_ = _counted_gradient(adjoint, ts, 3, x)
     assert np.isnan(val) and np.isnan(g)
+
+
+@pytest.mark.parametrize("name", ["interpolating", "quadrature"])
+def test_dense_buffer_larger_than_max_steps(name):
+    """A `buffer` (default 64) above `max_steps` is cut to what the forward
+    pass can take; it used to fail at trace time on mismatched shapes."""
+
+    def loss(x, adjoint):
+        sol = solve(
+            _sir,
+            SIR_Y0,
+            {"beta": x[0], "gamma": x[1]},
+            ts=SIR_TS,
+            inputs=PiecewiseConstant(SIR_INPUT_TIMES, SIR_U),
+            adjoint=adjoint,
+            stepsize_controller=CTRL,
+            max_steps=12,
+        )
+        return jnp.sum(sol.ys["I"] ** 2) + 0.1 * jnp.sum(sol.ys["R"])
+
+    adjoint = ADJOINTS[name]
+    assert adjoint.buffer > 12
+    g = jax.jit(jax.grad(lambda x: loss(x, adjoint)))(X_SIR)
+    ref = jax.jit(jax.grad(lambda x: loss(x, CheckpointAdjoint())))(X_SIR)
+    assert _rel(g, ref) < GRAD_RTOL

@@ -177,8 +177,14 @@ class _Dense(eqx.Module):
 
 
 def _dense_forward(ctx, buffer, a, y_a, a_p, u_l, up, times_k, n):
-    """Replay the segment's accepted forward steps into a dense interpolant."""
+    """Replay the segment's accepted forward steps into a dense interpolant.
+
+    At most `buffer` steps, and never more than the forward pass can take
+    (`times_k` holds one time per step allowed by `max_steps`): a buffer
+    larger than `max_steps` is cut to it, since the extra rows can never fill.
+    """
     solver, vf = ctx.integ.solver, ctx.integ.vf
+    buffer = min(buffer, times_k.shape[0])
     args, u = ctx.args(a_p), ctx.inputs(u_l, up)
     n = jnp.minimum(n, buffer)
     ts = jnp.concatenate([a[None], times_k[:buffer]])
