@@ -85,7 +85,7 @@ def _error_line(capsys) -> str:
     return lines[0][len("epifit: error: ") :]
 
 
-def _fails(argv, capsys, folder: Path, message: str) -> str:
+def _assert_fails(argv, capsys, folder: Path, message: str) -> str:
     """`main(argv)` exits 2 with one error line matching `message`, leaves
     every file of `folder` as it was and writes nothing."""
     before = _snapshot(folder)
@@ -184,7 +184,7 @@ def _argv(template: list[str], folder: Path) -> list[str]:
 def test_an_output_is_never_an_input(work, capsys, case, argv, message):
     os.link(work / "x.nc", work / "hard.nc")
     (work / "link.nc").symlink_to(work / "x.nc")
-    _fails(_argv(argv, work), capsys, work, message)
+    _assert_fails(_argv(argv, work), capsys, work, message)
     assert not (work / "f.ckpt").exists() and not (work / "f.nc").exists()
 
 
@@ -208,7 +208,7 @@ def test_unwritable_outputs_fail_before_any_work(work, capsys):
         ),
     ]
     for out, message in cases:
-        _fails([*fit, "--out", str(out)], capsys, work, message)
+        _assert_fails([*fit, "--out", str(out)], capsys, work, message)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
@@ -218,7 +218,9 @@ def test_read_only_directory(work, capsys):
     ro.chmod(0o555)
     try:
         argv = ["data", "import", str(work / "table.csv"), "--out", str(ro / "d.nc")]
-        _fails(argv, capsys, work, r"cannot create files in directory .*\(EACCES\)")
+        _assert_fails(
+            argv, capsys, work, r"cannot create files in directory .*\(EACCES\)"
+        )
     finally:
         ro.chmod(0o755)
 
@@ -261,7 +263,7 @@ _POSITIONAL = {
 def test_flags_are_checked_at_parse_time(work, capsys, argv, message):
     command, *flag = argv
     full = _argv([command, *_POSITIONAL[command], *flag], work)
-    _fails(full, capsys, work, message)
+    _assert_fails(full, capsys, work, message)
     # and with --json, one JSON object with the same message
     assert main([*full, "--json"]) == 2
     captured = capsys.readouterr()
@@ -335,14 +337,14 @@ def test_arithmetic_errors_are_one_line(work, capsys, monkeypatch, error, messag
 
     monkeypatch.setattr(epifit.simulation, "simulate", boom)
     argv = ["simulate", str(work / "sir.toml"), "--days", "3", "--out"]
-    _fails([*argv, str(work / "s.nc"), "--json"], capsys, work, message)
+    _assert_fails([*argv, str(work / "s.nc"), "--json"], capsys, work, message)
 
 
 # -- 8. sizes are checked against memory before anything is allocated ----------------
 def test_simulate_horizon_is_checked_against_memory(work, capsys, monkeypatch):
     monkeypatch.setenv("EPIFIT_MEMORY_LIMIT", str(10**9))
     argv = ["simulate", str(work / "sir.toml"), "--days", "100000000"]
-    _fails(
+    _assert_fails(
         [*argv, "--out", str(work / "s.nc")],
         capsys,
         work,
@@ -380,7 +382,7 @@ def test_a_second_writer_of_the_same_output_fails(work, capsys):
     out = work / "d.nc"
     argv = ["data", "import", str(work / "table.csv"), "--out", str(out)]
     with output_lock(out):
-        _fails(
+        _assert_fails(
             argv,
             capsys,
             work,
@@ -466,7 +468,7 @@ def test_a_full_disk_is_named(work, capsys, monkeypatch, error, free, message):
         usage = shutil.disk_usage(work)
         monkeypatch.setattr(shutil, "disk_usage", lambda p: usage._replace(free=free))
     argv = ["data", "import", str(work / "table.csv"), "--out", str(work / "d.nc")]
-    _fails(argv, capsys, work, message)
+    _assert_fails(argv, capsys, work, message)
 
 
 # -- the checks as a library function -------------------------------------------------
