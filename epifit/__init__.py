@@ -11,8 +11,9 @@ or `epifit --help` does not pay for xarray, pandas and optax.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from epifit._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -37,16 +38,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'epifit' has no attribute '{name}'")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and editors

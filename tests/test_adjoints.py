@@ -47,7 +47,7 @@ SIR_U = jnp.asarray(1.0 - 0.4 / (1.0 + np.exp(-(np.arange(31.0) - 12.0) / 2.0)))
 SIR_Y0 = {"S": jnp.array(0.99), "I": jnp.array(0.01), "R": jnp.array(0.0)}
 
 
-def _sir_solve(x, adjoint=None, u=SIR_U, ctrl=CTRL, y0=SIR_Y0):
+def _sir_solve(x, adjoint=None, u=SIR_U, ctrl=CTRL, y0=SIR_Y0, max_steps=4096):
     return solve(
         _sir,
         y0,
@@ -56,11 +56,12 @@ def _sir_solve(x, adjoint=None, u=SIR_U, ctrl=CTRL, y0=SIR_Y0):
         inputs=PiecewiseConstant(SIR_INPUT_TIMES, u),
         adjoint=adjoint,
         stepsize_controller=ctrl,
+        max_steps=max_steps,
     )
 
 
-def _sir_loss(x, adjoint, u=SIR_U, ctrl=CTRL, y0=SIR_Y0):
-    sol = _sir_solve(x, adjoint, u, ctrl, y0)
+def _sir_loss(x, adjoint, u=SIR_U, ctrl=CTRL, y0=SIR_Y0, max_steps=4096):
+    sol = _sir_solve(x, adjoint, u, ctrl, y0, max_steps)
     return jnp.sum(sol.ys["I"] ** 2) + 0.1 * jnp.sum(sol.ys["R"])
 
 
@@ -375,17 +376,7 @@ def test_dense_buffer_larger_than_max_steps(name):
     pass can take; it used to fail at trace time on mismatched shapes."""
 
     def loss(x, adjoint):
-        sol = solve(
-            _sir,
-            SIR_Y0,
-            {"beta": x[0], "gamma": x[1]},
-            ts=SIR_TS,
-            inputs=PiecewiseConstant(SIR_INPUT_TIMES, SIR_U),
-            adjoint=adjoint,
-            stepsize_controller=CTRL,
-            max_steps=12,
-        )
-        return jnp.sum(sol.ys["I"] ** 2) + 0.1 * jnp.sum(sol.ys["R"])
+        return _sir_loss(x, adjoint, max_steps=12)
 
     adjoint = ADJOINTS[name]
     assert adjoint.buffer > 12

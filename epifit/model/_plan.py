@@ -4,6 +4,7 @@ flow goes from where to where. Built once from a `ModelSpec`; hashable."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Collection, Mapping
 
 from epifit.model._expression import Expression
 from epifit.model._spec import ModelSpec
@@ -78,8 +79,9 @@ class Plan:
     derived_order: tuple[str, ...]
 
 
-def _derived_order(spec: ModelSpec) -> tuple[str, ...]:
-    deps = {d.name: d.expression.names for d in spec.derived}
+def dependency_order(deps: Mapping[str, Collection[str]]) -> list[str]:
+    """The names of `deps` (name -> the names it reads), each after those it
+    reads among them (acyclic: the validator checks it)."""
     order: list[str] = []
 
     def visit(name: str) -> None:
@@ -92,7 +94,11 @@ def _derived_order(spec: ModelSpec) -> tuple[str, ...]:
 
     for name in deps:
         visit(name)
-    return tuple(order)
+    return order
+
+
+def _derived_order(spec: ModelSpec) -> tuple[str, ...]:
+    return tuple(dependency_order({d.name: d.expression.names for d in spec.derived}))
 
 
 def make_plan(spec: ModelSpec) -> Plan:

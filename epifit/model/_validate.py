@@ -29,6 +29,7 @@ from epifit.model._fields import (
 )
 from epifit.model._neural import ACTIVATIONS, canonical_activation
 from epifit.model._observation import read_observations
+from epifit.model._plan import dependency_order
 from epifit.model._section import SectionContext
 from epifit.model._spec import (
     CompartmentSpec,
@@ -242,16 +243,9 @@ def _read_neural(ctx: SectionContext) -> tuple[NeuralSpec, ...]:
     for name, entry, loc in ctx.named_tables("neural"):
         name = r.identifier(name, loc, "neural sub-model")
         t = r.table(entry, loc, required=("covariate",), optional=fields)
-        cl = at(loc, "covariate")
-        cov = r.string(t["covariate"], cl)
-        if ctx.covariate_dims.get(cov) not in NEURAL_DIMS:
-            usable = [c for c, d in ctx.covariate_dims.items() if d in NEURAL_DIMS]
-            raise r.fail(
-                cl,
-                f"{cov!r} is not a covariate with dims [{TIME}, {PATCH}, {FEATURE}]; "
-                f"such covariates: {join(usable)}",
-            )
-        ctx.used.add(cov)
+        cov = _covariate_field(
+            ctx, t, loc, NEURAL_DIMS, f"[{TIME}, {PATCH}, {FEATURE}];"
+        )
         if "layers" in t:
             for other in ("in_size", "width", "depth"):
                 if other in t:
@@ -362,7 +356,7 @@ def _read_derived(ctx: SectionContext) -> tuple[DerivedSpec, ...]:
         visit(name, [])
     # the values known at load time, each after those it reads
     exprs = {d.name: d.expression for d in out}
-    for name in _dependency_order(deps):
+    for name in dependency_order(deps):
         ctx.check_value(exprs[name], locations[name], "a derived quantity")
         for env in (ctx.constants, ctx.start):
             value, _ = fold(exprs[name], env)
@@ -371,21 +365,20 @@ def _read_derived(ctx: SectionContext) -> tuple[DerivedSpec, ...]:
     return tuple(out)
 
 
-def _dependency_order(deps: Mapping[str, frozenset[str]]) -> list[str]:
-    """The derived quantities, each after those it reads (no cycles: checked)."""
-    order: list[str] = []
-
-    def visit(name: str) -> None:
-        if name in order:
-            return
-        for d in sorted(deps[name]):
-            if d in deps:
-                visit(d)
-        order.append(name)
-
-    for name in deps:
-        visit(name)
-    return order
+def _covariate_field(ctx: SectionContext, t, loc: str, allowed, dims: str) -> str:
+    """The table's `covariate` field: a declared covariate with dims in
+    `allowed` (`dims` says which in the error), marked as used."""
+    cl = at(loc, "covariate")
+    cov = ctx.r.string(t["covariate"], cl)
+    if ctx.covariate_dims.get(cov) not in allowed:
+        usable = [c for c, d in ctx.covariate_dims.items() if d in allowed]
+        raise ctx.r.fail(
+            cl,
+            f"{cov!r} is not a covariate with dims {dims} such covariates: "
+            f"{join(usable)}",
+        )
+    ctx.used.add(cov)
+    return cov
 
 
 def _read_couplings(ctx: SectionContext) -> tuple[CouplingSpec, ...]:
@@ -395,16 +388,13 @@ def _read_couplings(ctx: SectionContext) -> tuple[CouplingSpec, ...]:
     for name, entry, loc in ctx.named_tables("couplings"):
         name = r.identifier(name, loc, "coupling")
         t = r.table(entry, loc, required=("covariate",), optional=fields)
-        cl = at(loc, "covariate")
-        cov = r.string(t["covariate"], cl)
-        if ctx.covariate_dims.get(cov) not in COUPLING_DIMS:
-            usable = [c for c, d in ctx.covariate_dims.items() if d in COUPLING_DIMS]
-            raise r.fail(
-                cl,
-                f"{cov!r} is not a covariate with dims [{TIME}, {PATCH}, {PATCH_TO}] "
-                f"or [{PATCH}, {PATCH_TO}]; such covariates: {join(usable)}",
-            )
-        ctx.used.add(cov)
+        cov = _covariate_field(
+            ctx,
+            t,
+            loc,
+            COUPLING_DIMS,
+            f"[{TIME}, {PATCH}, {PATCH_TO}] or [{PATCH}, {PATCH_TO}];",
+        )
         scale = None
         if "scale" in t:
             scale = ctx.expression(

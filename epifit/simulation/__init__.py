@@ -14,8 +14,9 @@ The names are imported on first use (PEP 562), so the CLI's parser can read
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
+
+from epifit._lazy import lazy_exports
 
 _EXPORTS = {
     "ADJOINTS": "epifit.simulation._settings",
@@ -31,16 +32,7 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name: str):
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'epifit.simulation' has no attribute '{name}'")
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and editors
