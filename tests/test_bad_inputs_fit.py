@@ -65,7 +65,7 @@ def _huge_in_bed(ds):
 
 SIR_RECOVERED = SIR + (
     '\n[[observations]]\nname = "recovered"\nkind = "prevalence"\n'
-    'compartments = ["R"]\nfamily = "gaussian"\n'
+    'compartments = ["R"]\nfamily = "least_squares"\n'
 )
 
 # id, model text, dataset edit, fit file text, extra flags, message pattern

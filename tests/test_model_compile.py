@@ -384,7 +384,7 @@ def test_sir_builder_equals_toml():
         .transition("I", "R", rate="gamma")
         .initial("S", "N - I0")
         .initial("I", "I0")
-        .observation("in_bed", "prevalence", ["I"], family="gaussian")
+        .observation("in_bed", "prevalence", ["I"], family="least_squares")
         .build()
     )
     assert built == load_model(MODELS / "sir.toml")

@@ -164,9 +164,26 @@ def valid_models(draw):
     if covariates:
         data["covariates"] = covariates
     data["initial"] = {names[0]: f"1 - {parameter(per_patch=False)}", names[1]: 0.25}
+    # an incidence of a compartment that also gains is refused (it counts no
+    # events): observe the level then
+    gains = {t.get("to") for t in data.get("transitions", [])}
+    gains |= {
+        b.get("to") for t in data.get("transitions", []) for b in t.get("branches", [])
+    }
+    gains |= {i["to"] for i in data.get("infections", [])}
+    second = (
+        {"name": "inc", "kind": "prevalence", "compartments": [names[0]]}
+        if names[0] in gains
+        else {
+            "name": "inc",
+            "kind": "incidence",
+            "compartments": [names[0]],
+            "sign": -1,
+        }
+    )
     data["observations"] = [
         {"name": "prev", "kind": "prevalence", "compartments": [names[1]]},
-        {"name": "inc", "kind": "incidence", "compartments": [names[0]], "sign": -1},
+        second,
     ]
     return data, n_patches
 

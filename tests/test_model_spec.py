@@ -307,20 +307,21 @@ def test_parameter_errors():
 
 
 def test_observation_errors():
-    obs = {"name": "cases", "kind": "incidence", "compartments": ["S"], "sign": -1}
-    assert load(observations=[obs]).observations[0].sign == -1
+    obs = {"name": "cases", "kind": "flow", "transition": "S->E"}
+    assert load(observations=[obs]).observations[0].transition == ("S", "E")
+    inc = {"name": "cases", "kind": "incidence", "compartments": ["S"], "sign": -1}
     with raises(r"observations\[0\]\.compartments\[0\]: unknown compartment 'Q'"):
-        load(observations=[{**obs, "compartments": ["Q"]}])
+        load(observations=[{**inc, "compartments": ["Q"]}])
     with raises(r"observations\[0\]\.dispersion: missing; a negative binomial"):
         load(observations=[{**obs, "family": "negative_binomial"}])
-    with raises(r"observations\[0\]\.dispersion: a Poisson likelihood has no"):
+    with raises(r"observations\[0\]\.dispersion: a poisson likelihood has no"):
         load(observations=[{**obs, "family": "poisson", "dispersion": "N"}])
     with raises(r"observations\[0\]\.dispersion: unknown parameter 'k'"):
         load(observations=[{**obs, "family": "negative_binomial", "dispersion": "k"}])
     with raises(r"observations\[0\]\.sign: applies only to kind = \"incidence\""):
-        load(observations=[{**obs, "kind": "prevalence"}])
+        load(observations=[{**obs, "sign": -1}])
     with raises(r"observations\[0\]\.sign: must be 1 or -1, got 2"):
-        load(observations=[{**obs, "sign": 2}])
+        load(observations=[{**inc, "sign": 2}])
     with raises(r"observations\[1\]\.name: data variable 'cases' observed twice"):
         load(observations=[obs, obs])
     with raises(r"observations\[0\]\.weight: must be > 0"):

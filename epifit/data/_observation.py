@@ -21,6 +21,8 @@ import numpy as np
 from jax.scipy.special import gammaln
 from jaxtyping import Array, ArrayLike, Bool, Float, Real
 
+from epifit._checks import check_positive as _check_positive
+
 Scalar = Float[Array, ""]
 
 
@@ -211,14 +213,3 @@ def _xlogy(x, y):
     """`x * log(y)`, `0` where `x == 0`, with a gradient that is finite there."""
     nonzero = x != 0
     return jnp.where(nonzero, x * jnp.log(jnp.where(nonzero, y, 1.0)), 0.0)
-
-
-def _check_positive(cls: str, name: str, value) -> None:
-    """Reject a concrete non-positive parameter at construction."""
-    if isinstance(value, jax.core.Tracer):
-        return
-    array = np.asarray(value)
-    if array.dtype.kind not in "iuf":
-        raise TypeError(f"{cls}({name}=...) must be a real number; got {value!r}.")
-    if not np.all(array > 0):
-        raise ValueError(f"{cls}({name}=...) must be > 0; got {value!r}.")

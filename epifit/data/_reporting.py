@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, ArrayLike, Float, Int
 
-from epifit.data._delay import AbstractDelay, convolve_delay
+from epifit.model import AbstractDelay, convolve_delay
 
 
 @jax.jit

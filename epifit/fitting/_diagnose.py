@@ -13,7 +13,7 @@ import jax
 import numpy as np
 
 from epifit._errors import LocatedError
-from epifit.fitting._objective import Objective, aligned, observation_model
+from epifit.fitting._objective import Objective, observation_model
 from epifit.ode import Result
 
 __all__ = ["NonFiniteStartError", "explain_nonfinite"]
@@ -93,16 +93,14 @@ def explain_nonfinite(objective: Objective, x, data, reference=None) -> str:
     pred = problem.predict(params, sol.ys, data["arrays"])
     arrays = data["arrays"]
     for o in objective.observations:
-        p, y, m = aligned(
-            pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
-        )
+        p, y, m = pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
         p, y, m = (np.asarray(a) for a in (p, y, m))
-        offset = arrays["observed"][o.name].shape[0] - y.shape[0]
+        days = problem.stamps[o.name].days
         if not np.all(np.isfinite(p[m])):
             k, j = (int(i) for i in np.argwhere(m & ~np.isfinite(p))[0])
             return (
                 f"the prediction of observation '{o.name}' is not finite at "
-                f"{_where(problem, k + offset, j)} (at {at})"
+                f"{_where(problem, int(days[k]), j)} (at {at})"
             )
         model = observation_model(o, values)
         total = float(model.loss(p, y, m))
@@ -123,7 +121,7 @@ def explain_nonfinite(objective: Objective, x, data, reference=None) -> str:
                     return (
                         f"observation '{o.name}' gives a non-finite likelihood: "
                         f"value {y[k, j]:.6g} against prediction {p[k, j]:.6g} at "
-                        f"{_where(problem, k + offset, j)} ({o.family}); check "
+                        f"{_where(problem, int(days[k]), j)} ({o.family}); check "
                         "that value in the data"
                     )
         return (

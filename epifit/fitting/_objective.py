@@ -28,9 +28,10 @@ from epifit.model import ObservationSpec
 from epifit.ode import jacobian
 from epifit.simulation import Problem, SolverSettings
 
-__all__ = ["FAMILIES", "Objective", "aligned", "observation_model"]
+__all__ = ["FAMILIES", "Objective", "observation_model"]
 
 FAMILIES: dict[str, type[AbstractObservationModel]] = {
+    "least_squares": Gaussian,
     "gaussian": Gaussian,
     "poisson": Poisson,
     "negative_binomial": NegativeBinomial,
@@ -57,13 +58,6 @@ def observation_model(obs: ObservationSpec, values) -> AbstractObservationModel:
             )
         return NegativeBinomial(values[obs.dispersion], weight=obs.weight)
     return family(weight=obs.weight)
-
-
-def aligned(pred, observed, mask):
-    """Incidence predictions have one row less (no change before day 0)."""
-    if pred.shape[0] == observed.shape[0] - 1:
-        return pred, observed[1:], mask[1:]
-    return pred, observed, mask
 
 
 class Objective:
@@ -144,9 +138,7 @@ class Objective:
         values = self.problem.model.constrain(params)
         total = jnp.zeros((), dtype)
         for o in self.observations:
-            p, y, m = aligned(
-                pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
-            )
+            p, y, m = pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
             total = total + observation_model(o, values).loss(p, y, m)
         return total
 
@@ -203,9 +195,7 @@ class Objective:
         arrays = data["arrays"]
         parts = []
         for o in self.observations:
-            p, y, m = aligned(
-                pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
-            )
+            p, y, m = pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
             m = m & jnp.isfinite(y)
             r = jnp.sqrt(jnp.asarray(o.weight, p.dtype)) * (p - jnp.where(m, y, p))
             parts.append(jnp.ravel(jnp.where(m, r, 0.0)))
@@ -222,11 +212,7 @@ class Objective:
     @property
     def n_data_rows(self) -> int:
         """The length of the data residual vector (masked points included)."""
-        n_t = self.problem.ts.size
-        return sum(
-            (n_t - 1 if o.kind == "incidence" else n_t) * self.problem.n_patches
-            for o in self.observations
-        )
+        return sum(self.problem.observed[o.name].size for o in self.observations)
 
     def data_residuals(self, x, data):
         """`sqrt(weight) * (predicted - observed)` at every point, 0 where masked."""
@@ -282,6 +268,4 @@ def _n_observed(problem: Problem, obs: ObservationSpec) -> int:
     m = np.asarray(problem.mask[obs.name]) & ~np.isnan(
         np.asarray(problem.observed[obs.name])
     )
-    if obs.kind == "incidence" and m.shape[0] == problem.ts.size:
-        m = m[1:]  # no prediction of the change before the first day
     return int(m.sum())

@@ -9,6 +9,10 @@ from epifit.model._compiled import as_model as as_model
 from epifit.model._compiled import compile_model as compile_model
 from epifit.model._coupling import SparseCoupling as SparseCoupling
 from epifit.model._coupling import sparse_coupling as sparse_coupling
+from epifit.model._delay import AbstractDelay as AbstractDelay
+from epifit.model._delay import GammaDelay as GammaDelay
+from epifit.model._delay import LogNormalDelay as LogNormalDelay
+from epifit.model._delay import convolve_delay as convolve_delay
 from epifit.model._errors import ModelSpecError as ModelSpecError
 from epifit.model._expression import Expression as Expression
 from epifit.model._expression import parse_expression as parse_expression
@@ -19,6 +23,7 @@ from epifit.model._spec import BranchSpec as BranchSpec
 from epifit.model._spec import CompartmentSpec as CompartmentSpec
 from epifit.model._spec import CouplingSpec as CouplingSpec
 from epifit.model._spec import CovariateSpec as CovariateSpec
+from epifit.model._spec import DelaySpec as DelaySpec
 from epifit.model._spec import DerivedSpec as DerivedSpec
 from epifit.model._spec import InfectionSpec as InfectionSpec
 from epifit.model._spec import InfectiousSpec as InfectiousSpec

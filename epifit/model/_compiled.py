@@ -28,13 +28,13 @@ from epifit.model._errors import ModelSpecError
 from epifit.model._initial import initial_state_of
 from epifit.model._load import load_model
 from epifit.model._neural import make_mlp
-from epifit.model._observation import predict
+from epifit.model._observation import flow_key, quantity, report
 from epifit.model._plan import Plan, make_plan
 from epifit.model._precompute import args_and_inputs, covariate_arrays, day_rule
 from epifit.model._section import range_violations
 from epifit.model._spec import CovariateSpec, ModelSpec, ObservationSpec
 from epifit.model._transform import constrain, default_bounds, unconstrain, value_error
-from epifit.model._vector_field import right_hand_side, rows
+from epifit.model._vector_field import right_hand_side
 from epifit.ode import PiecewiseConstant
 
 __all__ = ["CompiledModel", "as_model", "compile_model"]
@@ -268,6 +268,11 @@ class CompiledModel(eqx.Module):
         """
         return right_hand_side(self.plan, self.compartments, t, y, args, u)
 
+    @property
+    def flow_keys(self) -> tuple[str, ...]:
+        """The state entries that accumulate observed flows (`"S->E"`)."""
+        return tuple(flow_key(e) for e in self.plan.flows)
+
     # -- initial state and observations ---------------------------------------------
     def initial_state(
         self,
@@ -279,46 +284,49 @@ class CompiledModel(eqx.Module):
 
         Expressions of parameters go to stage 1 (index 0); data variables have dims
         `(patch,)` (stage 1) or `(stage, patch)`; unlisted compartments start at 0.
+        Each observed flow's accumulator (`flow_key`, `(1, patch)`) starts at 0.
         """
-        return initial_state_of(self.spec, self.constrain(params), data, n_patches)
+        y0 = initial_state_of(self.spec, self.constrain(params), data, n_patches)
+        if self.plan.flows:
+            dtype = jnp.result_type(*jax.tree_util.tree_leaves(y0))
+            for edge in self.plan.flows:
+                y0[flow_key(edge)] = jnp.zeros((1, n_patches), dtype)
+        return y0
 
     def observe(
         self,
         ys: Y,
         params: Params | None = None,
         covariates: Mapping[str, ArrayLike] | None = None,
+        *,
+        weekday: ArrayLike | None = None,
     ) -> dict[str, Array]:
-        """Predicted series for every observation from a trajectory.
+        """The daily expected series of every observation from a trajectory.
 
         Args:
-            ys: `{compartment: (time, stages, patch)}`.
-            params: if given, each series is multiplied by its `ascertainment`
-                and `scale`; without it the series are returned as the model
-                computes them.
-            covariates: the `(patch,)` covariates a `scale` uses (e.g.
-                `population`).
+            ys: `{compartment (and flow accumulator): (time, stages, patch)}`.
+            params: if given, each series goes through its reporting: delay,
+                `ascertainment`, `scale` and week effect; without it the series
+                are returned as the model computes them.
+            covariates: the covariates an ascertainment or a scale reads
+                (e.g. `population`, a testing volume).
+            weekday: the day of the week of each save time (Monday 0), for
+                observations with a week effect.
 
         Returns:
-            `{data variable: (time, patch)}` for prevalence, `(time - 1, patch)`
-            for incidence.
+            `{data variable: (day, patch)}`: `(time, patch)` for prevalence;
+            for incidence and flows `(time - 1, patch)`, row `k` the amount
+            over day `k -> k + 1` (reported on day `k + 1`).
         """
         values = None if params is None else self.constrain(params)
+        dims = {c.name: c.dims for c in self.spec.covariates}
         out = {}
         for obs in self.spec.observations:
-            series = predict(obs, ys)
-            if values is not None and obs.ascertainment is not None:
-                series = rows(obs.ascertainment.evaluate(values)) * series
-            if values is not None and obs.scale is not None:
-                env = dict(values)
-                for n in obs.scale.names:
-                    if n not in env:
-                        if covariates is None or n not in covariates:
-                            raise self._fail(
-                                f"observations.{obs.name}.scale",
-                                f"needs the covariate {n!r}; pass covariates",
-                            )
-                        env[n] = jnp.asarray(covariates[n])
-                series = rows(obs.scale.evaluate(env)) * series
+            series = quantity(obs, ys)
+            if values is not None:
+                series = report(
+                    obs, series, values, covariates, dims, weekday, self._fail
+                )
             out[obs.name] = series
         return out
 

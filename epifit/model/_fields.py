@@ -36,8 +36,10 @@ TOP_LEVEL = (
     "initial",
 )
 RULES = ("floor", "nearest")
-KINDS = ("prevalence", "incidence")
-FAMILIES = ("gaussian", "poisson", "negative_binomial")
+KINDS = ("prevalence", "incidence", "flow")
+FAMILIES = ("least_squares", "gaussian", "poisson", "negative_binomial")
+DELAY_FAMILIES = ("gamma", "lognormal")
+WEEKDAYS = ("mon", "tue", "wed", "thu", "fri", "sat", "sun")
 # dims of a covariate -> what it can be used as
 EXPRESSION_DIMS = ((PATCH,), (TIME,), (TIME, PATCH))
 NEURAL_DIMS = ((TIME, PATCH, FEATURE),)
@@ -65,4 +67,7 @@ REQUIRED_RANGES: dict[str, tuple[float, float, bool]] = {
     "a probability": (0.0, 1.0, True),
     "an initial condition": (0.0, float("inf"), True),
     "a population": (0.0, float("inf"), False),
+    "a standard deviation": (0.0, float("inf"), False),
+    "a delay mean": (0.0, float("inf"), False),
+    "a delay sd": (0.0, float("inf"), False),
 }

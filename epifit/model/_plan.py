@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Collection, Mapping
 
 from epifit.model._expression import Expression
+from epifit.model._observation import observed_flows
 from epifit.model._spec import ModelSpec
 
 __all__ = ["Plan", "make_plan"]
@@ -77,6 +78,7 @@ class Plan:
     outflows: tuple[Outflow, ...]
     infections: tuple[Infection, ...]
     derived_order: tuple[str, ...]
+    flows: tuple[tuple[str, str], ...] = ()  # observed, accumulated beside y
 
 
 def dependency_order(deps: Mapping[str, Collection[str]]) -> list[str]:
@@ -193,4 +195,10 @@ def make_plan(spec: ModelSpec) -> Plan:
                 coupling,
             )
         )
-    return Plan(tuple(slots), tuple(outflows), tuple(infections), _derived_order(spec))
+    return Plan(
+        tuple(slots),
+        tuple(outflows),
+        tuple(infections),
+        _derived_order(spec),
+        observed_flows(spec.observations),
+    )

@@ -18,6 +18,7 @@ __all__ = [
     "CompartmentSpec",
     "CouplingSpec",
     "CovariateSpec",
+    "DelaySpec",
     "DerivedSpec",
     "InfectionSpec",
     "InfectiousSpec",
@@ -164,18 +165,65 @@ class CovariateSpec:
 
 
 @_frozen
+class DelaySpec:
+    """A reporting delay: a gamma or log-normal distribution of the days from
+    an event to its report, discretised to whole days up to `max_days`."""
+
+    family: str
+    mean: Expression
+    sd: Expression
+    max_days: int = 30
+
+
+@_frozen
 class ObservationSpec:
-    """An observed data variable and how the model predicts it."""
+    """An observed data variable and how the model predicts it.
+
+    Attributes:
+        name: the data variable.
+        kind: `prevalence` (the level of `compartments`), `incidence` (the
+            change of a compartment with flows in one direction only) or
+            `flow` (the amount along `transition` over each reporting period).
+        compartments: the compartments summed (empty for a flow).
+        family: `least_squares`, `gaussian`, `poisson` or `negative_binomial`.
+        weight: the observation's relative weight in the loss.
+        sign: `-1` for the incidence of a decreasing compartment.
+        dispersion: the negative binomial's dispersion parameter.
+        ascertainment: the reported fraction (parameters, covariates).
+        scale: a unit conversion (parameters, `(patch,)` covariates).
+        transition: `(source, target)` of a flow.
+        sd: the gaussian standard deviation.
+        delay: the reporting delay.
+        week_effect: the name of the day-of-week effect (its parameters are
+            `NAME_mon` ... `NAME_sat`, the derived `NAME_sun`).
+        period: the days summed into each data point (1 daily, 7 weekly).
+    """
 
     name: str
     kind: str
     compartments: tuple[str, ...]
-    family: str = "gaussian"
+    family: str = "least_squares"
     weight: float = 1.0
     sign: int = 1
     dispersion: str | None = None
     ascertainment: Expression | None = None
     scale: Expression | None = None
+    transition: tuple[str, str] | None = None
+    sd: Expression | None = None
+    delay: DelaySpec | None = None
+    week_effect: str | None = None
+    period: int = 1
+
+    @property
+    def interval(self) -> bool:
+        """The data point counts events over a period (not a level)."""
+        return self.kind != "prevalence"
+
+    @property
+    def first_day(self) -> int:
+        """The day of the first predicted value: 0 for a level, 1 for an
+        amount over a day (row `k` is the amount over day `k -> k + 1`)."""
+        return 1 if self.interval else 0
 
 
 @_frozen

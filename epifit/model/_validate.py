@@ -28,7 +28,7 @@ from epifit.model._fields import (
     RULES,
 )
 from epifit.model._neural import ACTIVATIONS, canonical_activation
-from epifit.model._observation import read_observations
+from epifit.model._observation_read import read_observations
 from epifit.model._plan import dependency_order
 from epifit.model._section import SectionContext
 from epifit.model._spec import (
@@ -84,7 +84,7 @@ def spec_from_dict(
     couplings = _read_couplings(ctx)
     transitions = read_transitions(ctx)
     infections = read_infections(ctx)
-    observations = read_observations(ctx)
+    observed = read_observations(ctx, transitions, infections)
     initial = _read_initial(ctx)
     for kind, specs in (("covariates", covariates), ("neural", neural)):
         for spec in specs:
@@ -98,14 +98,14 @@ def spec_from_dict(
         name=name,
         description=description,
         compartments=compartments,
-        parameters=parameters,
-        derived=derived,
+        parameters=parameters + observed.parameters,
+        derived=derived + observed.derived,
         transitions=transitions,
         infections=infections,
         couplings=couplings,
         neural=neural,
         covariates=covariates,
-        observations=observations,
+        observations=observed.observations,
         initial=initial,
         path=file,
         range_checks=tuple(ctx.range_checks),

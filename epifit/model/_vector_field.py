@@ -21,6 +21,7 @@ from jaxtyping import Array, Float, PyTree
 
 from epifit._custom_types import Args, Y
 from epifit.model._coupling import SparseCoupling, coupled_mass
+from epifit.model._observation import flow_key
 from epifit.model._once import computed_once
 from epifit.model._plan import Infection, Plan
 
@@ -50,6 +51,7 @@ def right_hand_side(
     loss: dict[str, list[Array]] = {c: [] for c in compartments}
     gain: dict[str, list[Array]] = {c: [] for c in compartments}
     chain: dict[str, Array] = {}
+    flows: dict[tuple[str, str], list[Array]] = {e: [] for e in plan.flows}
     for out in plan.outflows:
         x = y[out.compartment]
         rate = get(out.rate)
@@ -69,11 +71,16 @@ def right_hand_side(
                 f = exit_ - _total(taken)
             taken.append(f)
             gain[b.target].append(f)
+            if (out.compartment, b.target) in flows:
+                flows[out.compartment, b.target].append(f)
     for inf in plan.infections:
         lam = computed_once(functools.partial(_force_from, inf), t, y, args, u)
         flow = rows(lam) * y[inf.source]
         loss[inf.source].append(flow)
-        gain[inf.target].append(flow.sum(axis=0) if flow.shape[0] > 1 else flow[0])
+        new = flow.sum(axis=0) if flow.shape[0] > 1 else flow[0]
+        gain[inf.target].append(new)
+        if (inf.source, inf.target) in flows:
+            flows[inf.source, inf.target].append(new)
     dy = {}
     for name in compartments:
         x = y[name]
@@ -93,6 +100,9 @@ def right_hand_side(
         if lost is not None:
             d = d - lost
         dy[name] = d.astype(x.dtype)
+    for edge, terms in flows.items():
+        key = flow_key(edge)
+        dy[key] = _total(terms)[None, :].astype(y[key].dtype)
     return dy
 
 

@@ -22,6 +22,7 @@ from epifit.data import (
 from epifit.model import ModelSpec, SparseCoupling, as_model, sparse_coupling
 from epifit.ode import Solution
 from epifit.simulation._run import ModelRun
+from epifit.simulation._stamps import Stamps, at_stamps, default_stamps, stamps_of
 from epifit.simulation._settings import SolverSettings
 
 
@@ -95,6 +96,7 @@ class Problem:
         self.dates = None
         self.covariates, self.initial_data = {}, {}
         self.observed, self.mask = {}, {}
+        self.stamps = {o.name: default_stamps(o, days) for o in spec.observations}
 
     def _bind(self, data: xr.Dataset, days, n_patches, subset_patches) -> None:
         """Validate `data` against the model and store it as arrays: the
@@ -120,9 +122,13 @@ class Problem:
         if days is not None:
             check_days(self.model, self.n_patches, days)
         self.ts, self.dates = _time_axis(ds, bound, days)
+        _check_daily_covariates(spec, bound, self.data_path)
         self.covariates = _covariate_arrays(bound.covariates, covariates, self.dtype)
         self.initial_data = _initial_arrays(ds, initial_vars, self.dtype)
-        self.observed, self.mask = _observation_arrays(bound, observations, self.dtype)
+        self.stamps = _stamps(spec, ds, bound, self.ts.size, self.data_path)
+        self.observed, self.mask = _observation_arrays(
+            bound, observations, self.stamps, self.dtype
+        )
 
     # ------------------------------------------------------------------ solving
     @property
@@ -137,12 +143,15 @@ class Problem:
         """The problem's data as one pytree, to pass to compiled functions as a
         traced argument (never closed over: constants would be baked into the
         executable and slow its compilation)."""
-        return {
+        arrays = {
             "covariates": dict(self.covariates),
             "initial": dict(self.initial_data),
             "observed": dict(self.observed),
             "mask": dict(self.mask),
         }
+        if self.dates is not None:
+            arrays["weekday"] = jnp.asarray(weekday_of(self.dates))
+        return arrays
 
     def solve(
         self,
@@ -172,11 +181,21 @@ class Problem:
         return run(params, arrays["covariates"], arrays["initial"], throw=throw)
 
     def predict(self, params, ys, arrays=None) -> dict[str, jnp.ndarray]:
-        """Predicted observed series `(time, patch)` (incidence `(time - 1,
-        patch)`: row `k` is the change over day `k -> k + 1`), in the data's
-        units (ascertainment and scale applied)."""
+        """The expected value of every observation at its compared stamps
+        (`self.stamps`: `(stamp, patch)`, matching `self.observed`), in the
+        data's units: reported (delay, ascertainment, scale, week effect) and
+        summed over each stamp's period."""
         arrays = self.arrays if arrays is None else arrays
-        return self.model.observe(ys, params, arrays["covariates"])
+        daily = self.daily_predictions(params, ys, arrays)
+        return {k: at_stamps(v, self.stamps[k]) for k, v in daily.items()}
+
+    def daily_predictions(self, params, ys, arrays=None) -> dict[str, jnp.ndarray]:
+        """The daily expected series of every observation (see
+        `CompiledModel.observe`): row `k` for day `first_day + k`."""
+        arrays = self.arrays if arrays is None else arrays
+        return self.model.observe(
+            ys, params, arrays["covariates"], weekday=arrays.get("weekday")
+        )
 
     def require_observations(self) -> None:
         """Check that the data hold every observation the model declares, each
@@ -307,7 +326,7 @@ def _patch_labels(bound, has_patch: bool, n_patches: int | None) -> tuple[str, .
 def _time_axis(ds: xr.Dataset, bound, days: int | None):
     """`(ts, dates)`: days since the first date, `(time,)` float, and the
     dates when the data's time axis holds them (else `None`)."""
-    n_data_days = None if bound.times is None else bound.times.size
+    n_data_days = None if bound.times is None else int(bound.times[-1]) + 1
     if n_data_days is None and TIME in ds.dims:
         # no variable the model reads has a time axis (every observed one
         # missing, say): the dataset's own time axis still counts its days
@@ -351,15 +370,83 @@ def _initial_arrays(ds: xr.Dataset, names: list[str], dt) -> dict[str, Any]:
     return initial
 
 
-def _observation_arrays(bound, observations, dt) -> tuple[dict, dict]:
-    """`(observed, mask)`, each series `(time, patch)` (a series without a
-    `patch` dim gets one)."""
+def _observation_arrays(bound, observations, stamps, dt) -> tuple[dict, dict]:
+    """`(observed, mask)`, each series `(stamp, patch)` at its compared stamps
+    (a series without a `patch` dim gets one)."""
     observed, masks = {}, {}
     for name, dims in observations.items():
-        obs = bound.observed[name]
-        mask = bound.mask[name]
+        rows = stamps[name].rows
+        obs = bound.observed[name][rows]
+        mask = bound.mask[name][rows]
         if PATCH not in dims:
             obs, mask = obs[:, None], mask[:, None]
         observed[name] = jnp.asarray(obs, dt)
         masks[name] = jnp.asarray(mask)
     return observed, masks
+
+
+def _stamp_days(ds: xr.Dataset, bound) -> np.ndarray:
+    """The day (since the first date) of each row of the data's time axis."""
+    return np.rint(np.asarray(bound.times, np.float64)).astype(np.int64)
+
+
+def data_period(ds: xr.Dataset, name: str, step: int) -> int:
+    """The days each value of `name` sums: its `period` attribute, else the
+    time axis' step."""
+    return int(ds[name].attrs.get("period", step))
+
+
+def _step(bound) -> int:
+    """The time axis' step in days (1 for a single stamp)."""
+    if bound.times is None or bound.times.size < 2:
+        return 1
+    return int(np.rint(np.min(np.diff(bound.times))))
+
+
+def _stamps(spec, ds: xr.Dataset, bound, n_days: int, path) -> dict[str, Stamps]:
+    """The compared stamps of each observation: the data's stamps (within the
+    solved days) whose period lies within the predicted days; an
+    observation's period must be the data's."""
+    out = {}
+    days = None if bound.times is None else _stamp_days(ds, bound)
+    for o in spec.observations:
+        if o.name not in bound.observed or days is None:
+            out[o.name] = default_stamps(o, n_days)
+            continue
+        period = data_period(ds, o.name, _step(bound))
+        if period != o.period:
+            raise DataError(
+                f"observation '{o.name}' has period = {o.period} day(s) in the "
+                f"model but the data's '{o.name}' has a period of {period} "
+                "day(s); give the observation period = "
+                + ('"week"' if period == 7 else str(period))
+                + " or data of the model's period",
+                file=path,
+            )
+        stamps = stamps_of(o, days)
+        inside = stamps.days < n_days
+        out[o.name] = Stamps(
+            stamps.days[inside], stamps.rows[inside], o.period, o.first_day
+        )
+    return out
+
+
+def _check_daily_covariates(spec, bound, path) -> None:
+    """Time-varying covariates need a daily time axis."""
+    step = _step(bound)
+    if step == 1:
+        return
+    tv = [c.name for c in spec.covariates if c.time_varying]
+    if tv:
+        raise DataError(
+            f"the data's time axis has a step of {step} days, but covariate(s) "
+            f"{_names(tv)} vary in time and need a value for every day; give "
+            "them on a daily time axis",
+            file=path,
+        )
+
+
+def weekday_of(dates: np.ndarray) -> np.ndarray:
+    """The day of the week of each date, Monday 0 (1970-01-01 was a Thursday)."""
+    days = np.asarray(dates).astype("datetime64[D]").astype(np.int64)
+    return ((days + 3) % 7).astype(np.int32)

@@ -193,6 +193,19 @@ def _data_units(problem: Problem, name: str, default: tuple[str, str]):
     return default
 
 
+def _on_days(values: np.ndarray, days: np.ndarray, n_days: int) -> np.ndarray:
+    """`(stamp, patch)` values placed on the daily axis, NaN on other days."""
+    out = np.full((n_days, values.shape[1]), np.nan)
+    out[days] = values
+    return out
+
+
+def _period_text(period: int) -> str:
+    if period == 1:
+        return ""
+    return f" (the sum over the {period} days ending on each date)"
+
+
 def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Dataset:
     model = problem.model
     ys = {k: np.asarray(v) for k, v in sol.ys.items()}
@@ -236,18 +249,15 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
                 "units_comment": units_from,
             },
         )
-    predicted = problem.predict(params, sol.ys)
     n_t = problem.ts.size
-    for name, series in predicted.items():
-        s = np.asarray(series)
-        if s.shape[0] == n_t - 1:  # incidence: nothing on the first day
-            s = np.concatenate([np.full((1, s.shape[1]), np.nan), s], 0)
+    for name, series in problem.predict(params, sol.ys).items():
         obs_units, obs_from = _data_units(problem, name, (units, units_from))
         data_vars[f"predicted_{name}"] = (
             (TIME, PATCH),
-            s,
+            _on_days(np.asarray(series), problem.stamps[name].days, n_t),
             {
-                "long_name": f"model prediction of '{name}'",
+                "long_name": f"model prediction of '{name}'"
+                + _period_text(problem.stamps[name].period),
                 "units": obs_units,
                 "units_comment": obs_from,
             },
@@ -255,18 +265,17 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
     if problem.dataset is not None:
         for name, obs in problem.observed.items():
             o = np.where(np.asarray(problem.mask[name]), np.asarray(obs), np.nan)
-            if o.shape[0] == n_t:
-                obs_units, obs_from = _data_units(problem, name, _UNDECLARED)
-                long_name = problem.dataset[name].attrs.get("long_name", name)
-                data_vars[f"observed_{name}"] = (
-                    (TIME, PATCH),
-                    o,
-                    {
-                        "long_name": f"observed: {long_name}",
-                        "units": obs_units,
-                        "units_comment": obs_from,
-                    },
-                )
+            obs_units, obs_from = _data_units(problem, name, _UNDECLARED)
+            long_name = problem.dataset[name].attrs.get("long_name", name)
+            data_vars[f"observed_{name}"] = (
+                (TIME, PATCH),
+                _on_days(o, problem.stamps[name].days, n_t),
+                {
+                    "long_name": f"observed: {long_name}",
+                    "units": obs_units,
+                    "units_comment": obs_from,
+                },
+            )
     stats = {k: int(np.asarray(v)) for k, v in sol.stats.items()}
     base = {
         "title": f"epifit simulation of model '{problem.spec.name}'",

@@ -9,7 +9,7 @@ from jax.scipy.special import gammainc
 from jax.scipy.stats import norm
 from jaxtyping import Array, ArrayLike, Float, Real
 
-from epifit.data._observation import _check_positive
+from epifit._checks import check_positive as _check_positive
 
 
 class AbstractDelay(eqx.Module):
