@@ -135,13 +135,7 @@ def validate_dataset(
     ds = ds.copy(deep=False)  # never modify the caller's dataset
     _check_variables(ds, requested, sizes or {})
     uses = {d: n for n, dims in reversed(requested.items()) for d in dims}
-    times = step = None
-    if TIME in uses:
-        step = check_time(ds, uses[TIME])
-        for name, dims in requested.items():
-            if TIME in dims:
-                data_period(ds, name)
-        times = time_index(ds)
+    times, step = _bind_time(ds, requested, uses.get(TIME))
     labels = None
     if PATCH in uses or PATCH_TO in uses:
         ds = _bind_patches(ds, uses, patches, subset_patches)
@@ -194,6 +188,21 @@ def _check_variables(
                 f"Dimension '{dim}' has size {ds.sizes[dim]} in the dataset; "
                 f"expected {size} (used by {users})"
             )
+
+
+def _bind_time(
+    ds: xr.Dataset, requested: Mapping[str, Dims], user: str | None
+) -> tuple[np.ndarray | None, int | None]:
+    """`(times, step)`: the days since the first of a regular `time` axis and
+    its step, after checking the `period` of each requested time variable;
+    `(None, None)` if no requested variable (`user` the first) has a time dim."""
+    if user is None:
+        return None, None
+    step = check_time(ds, user)
+    for name, dims in requested.items():
+        if TIME in dims:
+            data_period(ds, name)
+    return time_index(ds), step
 
 
 def _bind_patches(
