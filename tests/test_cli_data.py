@@ -69,6 +69,8 @@ def test_import_wide_table_with_day_numbers(tmp_path, capsys):
         "out": str(out),
         "variables": ["in_bed", "convalescent"],
         "days": 3,
+        "times": 3,
+        "period": 1,
         "patches": None,
     }
     ds = open_dataset(out)

@@ -272,6 +272,8 @@ def test_csv_long_round_trip_property(tmp_path_factory, values):
     n_time, n_patch, _ = values.shape
     values[0, :, 0] = 1.0  # every patch has a row (on the first day)
     values[-1, -1, 1] = 2.0  # and the last day has one
+    values[min(1, n_time - 1), 0, 0] = 3.0  # and the second: a daily table, not
+    # one of every k-th day (at most 5 days: 1 stays the most common step)
     ds = xr.Dataset(
         {
             "cases": (("time", "patch"), values[..., 0]),
@@ -283,6 +285,8 @@ def test_csv_long_round_trip_property(tmp_path_factory, values):
         },
         attrs={"source": "test"},
     )
+    for name in ds.data_vars:
+        ds[name].attrs["period"] = 1  # from_csv records the period
     path = tmp_path_factory.mktemp("csv") / "long.csv"
     frame = _long_frame(ds).rename(columns={"time": "date", "patch": "place"})
     frame.to_csv(path, index=False, date_format="%Y-%m-%d")
@@ -305,6 +309,8 @@ def test_csv_wide_round_trip(tmp_path):
     ds.to_dataframe().reset_index().rename(columns={"time": "date"}).to_csv(
         path, index=False
     )
+    for name in ds.data_vars:
+        ds[name].attrs["period"] = 1  # from_csv records the period
     xr.testing.assert_identical(ds, from_csv(path, attrs={"source": "BMJ"}))
 
 
@@ -379,7 +385,9 @@ def test_csv_missing_file(tmp_path):
 
 
 def test_csv_without_filling_keeps_gaps(tmp_path):
+    # a daily table with a missing day (two dates two days apart alone would be
+    # a series of every other day, period 2: see test_data_weekly.py)
     path = tmp_path / "gap.csv"
-    path.write_text("date,cases\n2020-01-01,1\n2020-01-03,2\n")
-    assert from_csv(path, fill_days=False).sizes["time"] == 2
-    assert from_csv(path).sizes["time"] == 3
+    path.write_text("date,cases\n2020-01-01,1\n2020-01-02,1\n2020-01-04,2\n")
+    assert from_csv(path, fill_days=False).sizes["time"] == 3
+    assert from_csv(path).sizes["time"] == 4

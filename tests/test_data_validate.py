@@ -192,26 +192,40 @@ def test_unsorted_times():
         validate_dataset(ds, observations=OBS)
 
 
-def test_non_daily_times():
+def test_irregular_times():
     ds = make().isel(time=[0, 1, 3, 4])
     with pytest.raises(
         DataError,
-        match=r"Coordinate 'time' is not daily: a step of 2 days from 2020-03-02 to "
-        r"2020-03-04 \(index 1\)",
+        match=r"Coordinate 'time' is not regular: a step of 2 days from 2020-03-02 to "
+        r"2020-03-04 \(index 1\) where the axis's step is 1 day; the axis must be "
+        r"regular \(daily, or every k days such as weekly\), with NaN for missing "
+        r"points",
     ):
         validate_dataset(ds, observations=OBS)
 
 
-def test_non_daily_integer_days():
+def test_regular_integer_days_every_other_day():
+    # a constant step of 2 days was "not daily"; it is now a regular axis
     ds = make().assign_coords(time=np.array([0, 2, 4, 6, 8]))
-    with pytest.raises(DataError, match=r"not daily: a step of 2 days from 0 to 2"):
+    bound = validate_dataset(ds, observations=OBS)
+    assert bound.step == 2
+    assert bound.times.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]
+
+
+def test_irregular_integer_days():
+    ds = make().assign_coords(time=np.array([0, 2, 4, 5, 7]))
+    with pytest.raises(
+        DataError, match=r"not regular: a step of 1 day from 4 to 5 \(index 2\)"
+    ):
         validate_dataset(ds, observations=OBS)
 
 
 def test_sub_daily_times():
     times = pd.date_range("2020-03-01", periods=5, freq="12h").to_numpy("M8[ns]")
     with pytest.raises(
-        DataError, match=r"not daily: a step of 0.5 days from 2020-03-01 to "
+        DataError,
+        match=r"Coordinate 'time' is not in whole days: a step of 0.5 days from "
+        r"2020-03-01 to ",
     ):
         validate_dataset(make().assign_coords(time=times), observations=OBS)
 
@@ -437,16 +451,22 @@ def test_property_unsorted_times(n_time, data):
         validate_dataset(ds, observations=OBS)
 
 
+def _days(n: int) -> str:
+    return f"{n} day" if n == 1 else f"{n} days"
+
+
 @settings(max_examples=30, deadline=None)
 @given(
     steps=st.lists(st.sampled_from([1, 1, 1, 2, 3, 7]), min_size=1, max_size=10).filter(
-        lambda s: any(k != 1 for k in s)
+        lambda s: len(set(s)) > 1
     ),
     dated=st.booleans(),
 )
-def test_property_non_daily_times(steps, dated):
+def test_property_irregular_times(steps, dated):
     days = np.concatenate([[0], np.cumsum(steps)])
-    first = int(np.flatnonzero(np.array(steps) != 1)[0])
+    kinds, counts = np.unique(steps, return_counts=True)
+    axis = int(kinds[np.argmax(counts)])  # the most common step, smallest if tied
+    first = int(np.flatnonzero(np.array(steps) != axis)[0])
     times = (
         np.datetime64("2021-06-01", "ns") + days * np.timedelta64(1, "D")
         if dated
@@ -455,9 +475,24 @@ def test_property_non_daily_times(steps, dated):
     ds = make(len(days)).assign_coords(time=times)
     with pytest.raises(
         DataError,
-        match=rf"not daily: a step of {steps[first]} days from .* \(index {first}\)",
+        match=rf"not regular: a step of {_days(steps[first])} from .* "
+        rf"\(index {first}\) where the axis's step is {_days(axis)};",
     ):
         validate_dataset(ds, observations=OBS)
+
+
+@settings(max_examples=30, deadline=None)
+@given(step=st.integers(1, 30), n_time=st.integers(1, 8), dated=st.booleans())
+def test_property_regular_times(step, n_time, dated):
+    days = np.arange(n_time) * step
+    times = (
+        np.datetime64("2021-06-01", "ns") + days * np.timedelta64(1, "D")
+        if dated
+        else days
+    )
+    bound = validate_dataset(make(n_time).assign_coords(time=times), observations=OBS)
+    assert bound.step == (step if n_time > 1 else 1)
+    np.testing.assert_array_equal(bound.times, days.astype(float))
 
 
 @settings(max_examples=30, deadline=None)

@@ -23,7 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         description=(
             "Read a CSV table into a dataset with dims (time[, patch]) and write it "
             "as netCDF. Long layout (one row per date and place): give --patch. "
-            "Wide layout (one row per date, one column per series): omit it."
+            "Wide layout (one row per date, one column per series): omit it. "
+            "Dates every k days (k = 7: weekly totals) stay on that axis; each "
+            "variable records k as its attribute 'period' (1 for daily data)."
         ),
     )
     imp.add_argument("table", help="CSV file")
@@ -45,8 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--no-fill-days",
         dest="fill_days",
         action="store_false",
-        help="keep only the days present in the table (default: every day from "
-        "the first to the last, NaN where missing)",
+        help="keep only the dates present in the table (default: every day, or "
+        "every k-th day of a k-daily table such as weekly totals, from the first "
+        "to the last, NaN where missing)",
     )
     imp.add_argument("--json", action="store_true", help="print a JSON summary")
 
@@ -72,21 +75,37 @@ def _import(a: argparse.Namespace) -> int:
             fill_days=a.fill_days,
         )
         out = write_dataset(ds, out)
-    summary = {
-        "out": str(out),
-        "variables": [str(v) for v in ds.data_vars],
-        "days": int(ds.sizes["time"]),
-        "patches": int(ds.sizes["patch"]) if "patch" in ds.dims else None,
-    }
+    summary = _summary(out, ds)
     if a.json:
         print(dumps(summary))
     else:
         where = "" if summary["patches"] is None else f" x {summary['patches']} patches"
+        period = summary["period"]
+        every = "" if period in (1, None) else f" (every {period} days)"
         print(
             f"wrote {out}: {', '.join(summary['variables'])}, "
-            f"{summary['days']} days{where}"
+            f"{summary['times']} {'days' if period in (1, None) else 'dates'}"
+            f"{every}{where}"
         )
     return 0
+
+
+def _summary(out, ds) -> dict:
+    """What was written: the variables, the number of time points (`times`),
+    the days they span (`days`, `times * period`: a weekly total covers 7),
+    the period in days (`None` for dates of no one step, `--no-fill-days`) and
+    the number of patches."""
+    periods = {v.attrs.get("period") for v in ds.data_vars.values()}
+    period = periods.pop() if len(periods) == 1 else None
+    times = int(ds.sizes["time"])
+    return {
+        "out": str(out),
+        "variables": [str(v) for v in ds.data_vars],
+        "days": times * (period or 1),
+        "times": times,
+        "period": period,
+        "patches": int(ds.sizes["patch"]) if "patch" in ds.dims else None,
+    }
 
 
 def _names(text: str) -> list[str]:

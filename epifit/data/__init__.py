@@ -53,3 +53,4 @@ from epifit.data._reporting import normalize_week_effect as normalize_week_effec
 from epifit.data._reporting import prevalence as prevalence
 from epifit.data._reporting import week_effect as week_effect
 from epifit.data._table import from_csv as from_csv
+from epifit.data._validate import data_period as data_period

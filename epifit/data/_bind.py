@@ -13,6 +13,7 @@ from epifit.data._errors import DataError
 from epifit.data._validate import (
     check_patch,
     check_time,
+    data_period,
     require_dims,
     require_finite,
     require_magnitude,
@@ -34,14 +35,16 @@ class BoundData:
         dataset: the validated dataset: restricted to (and ordered as) the
             model's patches, the requested variables transposed to the requested
             dims.
-        times: days since the first day, `float64`, shape `(time,)`: the solver's
-            time axis (`t = 0` on the first day). `None` if nothing has a `time`
-            dim.
+        times: days since the first day, `float64`, shape `(time,)`: the
+            dataset's time stamps (`t = 0` on the first day; `0, 7, 14, ...` on
+            a weekly axis). `None` if nothing has a `time` dim.
         patches: patch labels in model order, or `None` without a `patch` dim.
         observed: observations as `float64` with the requested dims; missing
             entries (NaN in the data) are replaced by `0.0`, see `mask`.
         mask: `True` where an observation is present, per observed variable.
         covariates: covariates as `float64` with the requested dims.
+        step: the step of the `time` axis in whole days (1 daily, 7 weekly),
+            or `None` if nothing has a `time` dim.
     """
 
     dataset: xr.Dataset
@@ -50,6 +53,7 @@ class BoundData:
     observed: dict[str, np.ndarray]
     mask: dict[str, np.ndarray]
     covariates: dict[str, np.ndarray]
+    step: int | None = None
 
 
 def validate_dataset(
@@ -71,8 +75,12 @@ def validate_dataset(
     covariates may be neither NaN, infinite nor beyond 1e15, a `population` must
     be positive and a coupling matrix (dim `patch_to`) non-negative. The `time`
     coordinate must be dates or integer days, without duplicates, sorted and
-    daily; the `patch` coordinate must hold unique string labels, and
-    `patch_to` the same labels in the same order.
+    regular (one step of `k` whole days: daily, weekly, ...; the step is
+    `BoundData.step`), and the `period` attribute of a requested variable with
+    a `time` dim, if any, must agree with it (see
+    [`data_period`][epifit.data.data_period]); the `patch` coordinate must
+    hold unique string labels, and `patch_to` the same labels in the same
+    order.
 
     Patches are matched by label. The dataset is reordered to the model's
     order. Patches of the model missing from the data are always an error;
@@ -127,10 +135,7 @@ def validate_dataset(
     ds = ds.copy(deep=False)  # never modify the caller's dataset
     _check_variables(ds, requested, sizes or {})
     uses = {d: n for n, dims in reversed(requested.items()) for d in dims}
-    times = None
-    if TIME in uses:
-        check_time(ds, uses[TIME])
-        times = time_index(ds)
+    times, step = _bind_time(ds, requested, uses.get(TIME))
     labels = None
     if PATCH in uses or PATCH_TO in uses:
         ds = _bind_patches(ds, uses, patches, subset_patches)
@@ -144,6 +149,7 @@ def validate_dataset(
         observed=observed,
         mask=mask,
         covariates=bound_covariates,
+        step=step,
     )
 
 
@@ -182,6 +188,21 @@ def _check_variables(
                 f"Dimension '{dim}' has size {ds.sizes[dim]} in the dataset; "
                 f"expected {size} (used by {users})"
             )
+
+
+def _bind_time(
+    ds: xr.Dataset, requested: Mapping[str, Dims], user: str | None
+) -> tuple[np.ndarray | None, int | None]:
+    """`(times, step)`: the days since the first of a regular `time` axis and
+    its step, after checking the `period` of each requested time variable;
+    `(None, None)` if no requested variable (`user` the first) has a time dim."""
+    if user is None:
+        return None, None
+    step = check_time(ds, user)
+    for name, dims in requested.items():
+        if TIME in dims:
+            data_period(ds, name)
+    return time_index(ds), step
 
 
 def _bind_patches(

@@ -11,6 +11,7 @@ import xarray as xr
 
 from epifit._paths import atomic_write, describe_os_error
 from epifit.data._errors import DataError
+from epifit.data._validate import PERIOD
 
 _ENGINE = "netcdf4"
 
@@ -22,7 +23,8 @@ def open_dataset(path: str | os.PathLike[str]) -> xr.Dataset:
     instance by [`write_dataset`][epifit.data.write_dataset]) while the returned
     dataset is in use. CF-encoded times (`days since ...`) are decoded to
     `datetime64[ns]`; string coordinates come back as NumPy `str` arrays, as they
-    were written.
+    were written, and a variable's integer `period` attribute (days per value,
+    see [`data_period`][epifit.data.data_period]) as a Python `int`.
 
     Cost: the whole file is read into memory (one copy of every variable).
 
@@ -48,7 +50,7 @@ def open_dataset(path: str | os.PathLike[str]) -> xr.Dataset:
         raise DataError(f"Cannot read '{path}' as netCDF: {e}") from e
     # The on-disk encoding (chunk sizes, fill values, time units) describes the
     # file, not the data; kept, it breaks writing a subset or a modified copy.
-    return _strings_to_str(ds.drop_encoding())
+    return _periods_to_int(_strings_to_str(ds.drop_encoding()))
 
 
 def write_dataset(ds: xr.Dataset, path: str | os.PathLike[str]) -> Path:
@@ -152,3 +154,14 @@ def _strings_to_str(ds: xr.Dataset) -> xr.Dataset:
     coords = {k: v for k, v in replacements.items() if k in ds.coords}
     data = {k: v for k, v in replacements.items() if k not in ds.coords}
     return ds.assign_coords(coords).assign(data)
+
+
+def _periods_to_int(ds: xr.Dataset) -> xr.Dataset:
+    """netCDF integer attributes read back as NumPy scalars; restore the `int`
+    of a `period` attribute (other values are left for `data_period` to judge).
+    Modifies and returns `ds`, which `open_dataset` owns."""
+    for var in ds.variables.values():
+        value = var.attrs.get(PERIOD)
+        if isinstance(value, np.integer):
+            var.attrs[PERIOD] = int(value)
+    return ds

@@ -12,6 +12,7 @@ import xarray as xr
 
 from epifit._schema import PATCH, TIME
 from epifit.data._errors import DataError
+from epifit.data._validate import PERIOD, fmt_days, fmt_time
 
 
 def from_csv(
@@ -37,9 +38,15 @@ def from_csv(
     The time column holds dates (anything `pandas.to_datetime` parses, such as
     `1978-01-22`, at midnight and without a time zone: a time of day, such as
     `2020-03-01T12:00`, is refused rather than dropped) or integer day numbers.
-    With `fill_days=True` (the default) the time axis is completed to every day
-    from the first to the last, with NaN for the days without rows, so the
-    result is on the daily grid epifit needs.
+    The period of the series is the most common step `k` between consecutive
+    dates (the smallest if tied): 1 for a daily table, 7 for weekly totals.
+    Every step must be a multiple of `k` (a missing day or week); one that is
+    not (steps of 7 and 3 days) is an error. With `fill_days=True` (the
+    default) the time axis is completed to every `k`-th day from the first
+    date to the last, with NaN where a date has no row: every day for a daily
+    table, every week for a weekly one (never six NaN days a week). Each
+    imported variable records `k` as its attribute `period` (an int, in days;
+    see [`data_period`][epifit.data.data_period]).
     Place labels are read as strings (so `01001` keeps its leading zero) and
     values as `float64`, so that missing entries can be NaN.
 
@@ -54,16 +61,21 @@ def from_csv(
         values: the value columns to read; by default all other columns.
         attrs: attributes of the dataset (`source`, `title`, ...). By default
             `source` is the file name.
-        fill_days: complete the time axis to every day between first and last.
+        fill_days: complete the time axis to every `k`-th day between first
+            and last. Without it the dates are kept as they are, and a table
+            whose steps are not multiples of one step gets no `period`.
 
     Returns:
-        The dataset, with a `time` coordinate (and `patch` in the long layout).
+        The dataset, with a `time` coordinate (and `patch` in the long layout),
+        its variables with the attribute `period`.
 
     Raises:
         DataError: if the file is missing or unreadable, a named column is absent
             (the message lists the columns found), a date or value does not
-            parse, a date has a time of day or a time zone (naming the row), or
-            a (date, place) pair appears twice.
+            parse, a date has a time of day or a time zone (naming the row), a
+            (date, place) pair appears twice, or (with `fill_days`) a step
+            between dates is not a multiple of the table's period (naming the
+            dates and the steps).
 
     Examples:
         >>> import io, pathlib, tempfile
@@ -75,6 +87,8 @@ def from_csv(
         ('time', 'patch')
         >>> ds["cases"].sel(patch="south").values.tolist()
         [nan, 1.0]
+        >>> ds["cases"].attrs["period"]
+        1
     """
     path = Path(path)
     table = _read_table(path, patch)
@@ -84,7 +98,12 @@ def from_csv(
     table = _parse_columns(table, path, time, values)
     keys = [time] if patch is None else [time, patch]
     _check_keys(table, path, keys, patch)
-    ds = _pivot(table, keys, values, time, patch, fill_days)
+    ds = _pivot(table, keys, values, time, patch)
+    period = _period(ds[TIME].values, path, strict=fill_days)
+    if fill_days:
+        ds = ds.reindex({TIME: _regular_range(ds[TIME].values, period)})
+    for name in values if period is not None else ():
+        ds[name].attrs[PERIOD] = period
     ds.attrs.update({"source": path.name} if attrs is None else dict(attrs))
     return ds
 
@@ -152,11 +171,9 @@ def _pivot(
     values: list[str],
     time: str,
     patch: str | None,
-    fill_days: bool,
 ) -> xr.Dataset:
     """The parsed table as a dataset with dims `(time[, patch])`: places sorted
-    as strings, the time axis completed to every day if `fill_days`, NaN where a
-    key has no row."""
+    as strings, dates sorted, NaN where a key has no row."""
     frame = table.set_index(keys)[values].sort_index()
     ds = xr.Dataset.from_dataframe(frame)
     ds = ds.rename({time: TIME} if patch is None else {time: TIME, patch: PATCH})
@@ -165,8 +182,6 @@ def _pivot(
         ds = ds.reindex({PATCH: labels}).assign_coords(
             {PATCH: np.asarray(labels, dtype=str)}
         )
-    if fill_days:
-        ds = ds.reindex({TIME: _daily_range(ds[TIME].values)})
     for name in values:
         ds[name] = ds[name].astype(np.float64)
     return ds
@@ -239,8 +254,43 @@ def _label(value) -> str:
     return str(value)
 
 
-def _daily_range(times: np.ndarray) -> np.ndarray:
+def _period(times: np.ndarray, path: Path, strict: bool) -> int | None:
+    """The period in days of the sorted, unique `times`: the most common step
+    (the smallest if tied; 1 for one date), of which every step is a multiple.
+
+    If a step is not, a DataError naming `path`, the dates and the steps, or
+    `None` if not `strict`."""
+    steps = _day_steps(times)
+    if steps.size == 0:
+        return 1
+    kinds, counts = np.unique(steps, return_counts=True)
+    k = int(kinds[int(np.argmax(counts))])
+    off = np.flatnonzero(steps % k)
+    if off.size == 0:
+        return k
+    if not strict:
+        return None
+    i, j = int(np.flatnonzero(steps == k)[0]), int(off[0])
+    raise DataError(
+        f"Dates of '{path}' are not regularly spaced: a step of {fmt_days(steps[j])} "
+        f"from {fmt_time(times[j])} to {fmt_time(times[j + 1])} is not a "
+        f"multiple of the step of {fmt_days(k)} between most "
+        f"dates (as from {fmt_time(times[i])} to {fmt_time(times[i + 1])}); steps "
+        f"found: {kinds.tolist()} days. Date a weekly series on one day of the "
+        "week (every 7 days), and leave missing dates out or their values empty."
+    )
+
+
+def _day_steps(times: np.ndarray) -> np.ndarray:
+    """The steps between consecutive `times`, in whole days, as int64."""
     if np.issubdtype(times.dtype, np.datetime64):
-        start, stop = times.min(), times.max()
-        return np.arange(start, stop + np.timedelta64(1, "D"), np.timedelta64(1, "D"))
-    return np.arange(times.min(), times.max() + 1, dtype=times.dtype)
+        times = times.astype("datetime64[D]").astype(np.int64)
+    return np.diff(times.astype(np.int64))
+
+
+def _regular_range(times: np.ndarray, period: int) -> np.ndarray:
+    """Every `period`-th day from the first of `times` to the last."""
+    if np.issubdtype(times.dtype, np.datetime64):
+        step = np.timedelta64(period, "D")
+        return np.arange(times.min(), times.max() + step, step)
+    return np.arange(times.min(), times.max() + 1, period, dtype=times.dtype)

@@ -123,8 +123,68 @@ def require_positive(da: xr.DataArray, name: str) -> None:
         )
 
 
-def check_time(ds: xr.Dataset, user: str) -> None:
-    """The `time` coordinate is datetime64 or integer, unique, sorted and daily."""
+def check_time(ds: xr.Dataset, user: str) -> int:
+    """The `time` coordinate is datetime64 or integer, unique, sorted and
+    regular: one constant step of `k >= 1` whole days (daily, weekly, ...).
+
+    Returns:
+        The step `k` in days (1 for daily data and for a single time point).
+    """
+    values = _time_values(ds, user)
+    unique, counts = np.unique(values, return_counts=True)
+    if (counts > 1).any():
+        repeated = [fmt_time(v) for v in unique[counts > 1]]
+        raise DataError(
+            f"Coordinate '{TIME}' has duplicate values {repeated[:10]}; each day may "
+            "appear once"
+        )
+    step = np.diff(values)
+    if values.dtype.kind == "M":
+        step = step / _DAY
+    step = np.asarray(step, dtype=np.float64)
+    if (step < 0).any():
+        i = int(np.flatnonzero(step < 0)[0])
+        raise DataError(
+            f"Coordinate '{TIME}' is not sorted: {fmt_time(values[i])} at index {i} "
+            f"comes before {fmt_time(values[i + 1])}; sort with ds.sortby('{TIME}')"
+        )
+    if step.size == 0:
+        return 1
+    _check_regular(values, step)
+    return int(step[0])
+
+
+_REGULAR = (
+    "the axis must be regular (daily, or every k days such as weekly), with NaN "
+    "for missing points"
+)
+
+
+def _check_regular(values: np.ndarray, step: np.ndarray) -> None:
+    """Every step of `values` (sorted, unique) is one whole number of days."""
+    whole = step == np.round(step)
+    if not whole.all():
+        i = int(np.flatnonzero(~whole)[0])
+        raise DataError(
+            f"Coordinate '{TIME}' is not in whole days: a step of {fmt_days(step[i])} "
+            f"from {fmt_time(values[i])} to {fmt_time(values[i + 1])} (index {i}); "
+            f"{_REGULAR}"
+        )
+    kinds, counts = np.unique(step, return_counts=True)
+    k = kinds[int(np.argmax(counts))]  # the most common step, the smallest if tied
+    if kinds.size > 1:
+        i = int(np.flatnonzero(step != k)[0])
+        raise DataError(
+            f"Coordinate '{TIME}' is not regular: a step of {fmt_days(step[i])} from "
+            f"{fmt_time(values[i])} to {fmt_time(values[i + 1])} (index {i}) where "
+            f"the axis's step is {fmt_days(k)}; {_REGULAR} "
+            "(reindex to every day, or to every k days)"
+        )
+
+
+def _time_values(ds: xr.Dataset, user: str) -> np.ndarray:
+    """The values of a present, 1-D, non-empty `time` coordinate of dates
+    (without NaT) or integer day numbers."""
     if TIME not in ds.coords:
         raise DataError(
             f"Dimension '{TIME}' of variable '{user}' has no coordinate; add one, e.g. "
@@ -147,30 +207,74 @@ def check_time(ds: xr.Dataset, user: str) -> None:
         raise DataError(
             f"Coordinate '{TIME}' has a missing date (NaT) at index {first}"
         )
-    unique, counts = np.unique(values, return_counts=True)
-    if (counts > 1).any():
-        repeated = [fmt_time(v) for v in unique[counts > 1]]
+    return values
+
+
+PERIOD = "period"
+
+
+def data_period(ds: xr.Dataset, name: str) -> int | None:
+    """The period of data variable `name` in days: what one value counts
+    (1 for daily counts, 7 for weekly totals).
+
+    It is the variable's `period` attribute if it has one (as `from_csv`
+    records), else the step of the `time` axis. The attribute must be a whole
+    number of days >= 1 and, on a time axis of a step `k > 1`, equal `k`; on a
+    daily axis it may be larger (weekly totals dated on one day a week, NaN
+    between).
+
+    Cost: one pass over the `time` coordinate (`check_time`).
+
+    Args:
+        ds: the dataset.
+        name: a data variable of `ds`.
+
+    Returns:
+        The period in days, or `None` if the variable has no `time` dim.
+
+    Raises:
+        DataError: if the variable is missing, the attribute is not a whole
+            number >= 1 or disagrees with the axis step, or the time axis is
+            not regular (see `check_time`); naming the variable.
+
+    Examples:
+        >>> import pandas as pd, xarray as xr
+        >>> ds = xr.Dataset(
+        ...     {"cases": ("time", [3.0, 5.0, 4.0])},
+        ...     coords={"time": pd.date_range("2020-03-01", periods=3, freq="7D")},
+        ... )
+        >>> data_period(ds, "cases")
+        7
+    """
+    da = require_variable(ds, name)
+    period = da.attrs.get(PERIOD)
+    if period is not None:
+        period = _period_attribute(name, period)
+    if TIME not in da.dims:
+        return None
+    step = check_time(ds, name)
+    if period is None:
+        return step
+    if step > 1 and period != step:
         raise DataError(
-            f"Coordinate '{TIME}' has duplicate values {repeated[:10]}; each day may "
-            "appear once"
+            f"Variable '{name}' has attribute {PERIOD}={period} but its '{TIME}' "
+            f"axis has a step of {fmt_days(step)}; the two must agree (set {PERIOD}="
+            f"{step}, or reindex the axis)"
         )
-    step = np.diff(values)
-    if kind == "M":
-        step = step / _DAY
-    step = np.asarray(step, dtype=np.float64)
-    if (step < 0).any():
-        i = int(np.flatnonzero(step < 0)[0])
+    return period
+
+
+def _period_attribute(name: str, value) -> int:
+    """The `period` attribute of variable `name` as an int >= 1."""
+    if isinstance(value, np.ndarray) and value.size == 1:
+        value = value.reshape(()).item()
+    whole = isinstance(value, int | np.integer) and not isinstance(value, bool)
+    if not whole or value < 1:
         raise DataError(
-            f"Coordinate '{TIME}' is not sorted: {fmt_time(values[i])} at index {i} "
-            f"comes before {fmt_time(values[i + 1])}; sort with ds.sortby('{TIME}')"
+            f"Variable '{name}' has attribute {PERIOD}={_plain(value)!r}; expected a "
+            "whole number of days >= 1 (1 for daily counts, 7 for weekly totals)"
         )
-    if (step != 1).any():
-        i = int(np.flatnonzero(step != 1)[0])
-        raise DataError(
-            f"Coordinate '{TIME}' is not daily: a step of {step[i]:g} days from "
-            f"{fmt_time(values[i])} to {fmt_time(values[i + 1])} (index {i}); "
-            "reindex to every day, with NaN for missing observations"
-        )
+    return int(value)
 
 
 def check_patch(ds: xr.Dataset, user: str) -> xr.Dataset:
@@ -222,6 +326,11 @@ def locate(da: xr.DataArray, flat: int) -> str:
             label = str(int(i))
         parts.append(f"{dim}={label}")
     return ", ".join(parts)
+
+
+def fmt_days(n) -> str:
+    """`1 day`, `7 days`, `0.5 days`."""
+    return f"{float(n):g} day{'' if n == 1 else 's'}"
 
 
 def fmt_time(value) -> str:
