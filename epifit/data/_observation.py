@@ -17,7 +17,6 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.scipy.special import gammaln
 from jaxtyping import Array, ArrayLike, Bool, Float, Real
 

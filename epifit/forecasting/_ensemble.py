@@ -37,7 +37,7 @@ from epifit._jit import jit
 from epifit._vmap import vmap_batch
 from epifit.model import CompiledModel, unconstrain
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PiecewiseConstant
-from epifit.simulation import ModelRun, SolverSettings
+from epifit.simulation import ModelRun, SolverSettings, period_sums
 
 __all__ = [
     "EnsembleConfig",
@@ -153,11 +153,12 @@ class EnsembleConfig:
         return tuple(dict.fromkeys(i.transmission for i in self.model.plan.infections))
 
     @property
-    def incidence(self) -> frozenset[str]:
-        """Observed series with no value on day 0."""
-        return frozenset(
-            o.name for o in self.model.spec.observations if o.kind == "incidence"
-        )
+    def first_rows(self) -> dict[str, int]:
+        """The first day with a value of each observed series: 1 for an
+        amount over a day, `period - 1` more for a sum over a period."""
+        return {
+            o.name: o.first_day + o.period - 1 for o in self.model.spec.observations
+        }
 
 
 # ----------------------------------------------------------------- one sample
@@ -242,9 +243,11 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
     sol = run.integrate(y0, args, inputs, throw=False)
     out = {}
     if cfg.observations:
-        preds = [model.observe(sol.ys, p, cov) for p in plist]
+        weekday = data.get("weekday")
+        preds = [model.observe(sol.ys, p, cov, weekday=weekday) for p in plist]
+        periods = {o.name: o.period for o in model.spec.observations}
         for name in cfg.observations:
-            s = _select(cfg, [pr[name] for pr in preds])
+            s = period_sums(_select(cfg, [pr[name] for pr in preds]), periods[name])
             if s.shape[0] == T - 1:
                 s = jnp.concatenate([jnp.full((1, n), jnp.nan, s.dtype), s])
             out[name] = s

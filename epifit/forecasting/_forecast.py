@@ -30,7 +30,7 @@ from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
 from epifit.forecasting._summary import first_row, summarize
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
-from epifit.simulation import SOLVERS, Problem, SolverSettings
+from epifit.simulation import SOLVERS, Problem, SolverSettings, weekday_of
 
 __all__ = [
     "DEFAULT_QUANTILES",
@@ -144,8 +144,11 @@ class PreparedForecast:
     def scenario_data(self) -> Iterator[dict[str, Any]]:
         """Each scenario's data, made when needed (bounded memory)."""
         initial = {k: np.asarray(v) for k, v in self.problem.initial_data.items()}
+        calendar = {}
+        if self.horizon.dates is not None:
+            calendar["weekday"] = weekday_of(self.horizon.dates)
         for i in range(len(self.bound.names)):
-            yield {**self.bound.data(i), "initial": initial}
+            yield {**self.bound.data(i), "initial": initial, **calendar}
 
     def run(self, *, chunk_size: int | None = None) -> xr.Dataset:
         """Run the ensemble and summarise it (what [`forecast`][] returns)."""
@@ -170,7 +173,7 @@ class PreparedForecast:
         for name, (series, results) in zip(bound.names, runs, strict=True):
             finite = np.ones(xs.shape[0], bool)
             for s, a in series.items():
-                body = a[:, first_row(s, cfg.incidence) :]
+                body = a[:, first_row(s, cfg.first_rows) :]
                 finite &= np.all(np.isfinite(body), axis=tuple(range(1, a.ndim)))
             ok = (results == 0) & finite
             if not ok[0]:
@@ -195,7 +198,7 @@ class PreparedForecast:
                     stacklevel=2,
                 )
             per_scenario.append(
-                summarize(chosen, quantiles=q, start=n_fit, incidence=cfg.incidence)
+                summarize(chosen, quantiles=q, start=n_fit, first_rows=cfg.first_rows)
             )
         return forecast_dataset(
             problem=self.problem,

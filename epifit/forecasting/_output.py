@@ -78,10 +78,10 @@ def forecast_dataset(
             )
     for name, obs in problem.observed.items():
         o = np.where(np.asarray(problem.mask[name]), np.asarray(obs, float), np.nan)
-        if o.shape[0] != horizon.n_fit:
-            continue
+        days = problem.stamps[name].days
+        inside = days < T
         full = np.full((T, o.shape[1]), np.nan)
-        full[: o.shape[0]] = o[:T]
+        full[days[inside]] = o[inside]
         data_vars[f"observed_{name}"] = (
             (TIME, PATCH),
             full,

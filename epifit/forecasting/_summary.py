@@ -9,9 +9,11 @@ import numpy as np
 __all__ = ["first_row", "summarize"]
 
 
-def first_row(name: str, incidence: frozenset[str]) -> int:
-    """The first day with a value: 1 for incidence (a change over a day)."""
-    return 1 if name in incidence else 0
+def first_row(name: str, first_rows: Mapping[str, int]) -> int:
+    """The first day with a value: 0 for a level, 1 for an amount over a day,
+    `first_day + period - 1` for a sum over a period (`first_rows`, by series;
+    0 for a series not listed, such as a compartment)."""
+    return first_rows.get(name, 0)
 
 
 def summarize(
@@ -19,7 +21,7 @@ def summarize(
     *,
     quantiles: Sequence[float],
     start: int,
-    incidence: frozenset[str],
+    first_rows: Mapping[str, int],
 ) -> dict[str, np.ndarray]:
     """Quantiles over the sample axis of every series and of its statistics.
 
@@ -27,7 +29,7 @@ def summarize(
         samples: `{series: (sample, time, patch)}`, the valid samples only.
         quantiles: the levels.
         start: the first forecast day (cumulative totals run from it on).
-        incidence: series with no value on day 0.
+        first_rows: the first day with a value, by series (see `first_row`).
 
     Returns:
         For each series `s`: `s (quantile, time, patch)`, `s_total (quantile,
@@ -41,7 +43,7 @@ def summarize(
     for name, a in samples.items():
         a = np.asarray(a, np.float64)
         k, T, P = a.shape
-        first = first_row(name, incidence)
+        first = first_row(name, first_rows)
         if k == 0:
             nan = lambda *shape: np.full((q.size, *shape), np.nan)  # noqa: E731
             out[name], out[f"{name}_total"] = nan(T, P), nan(T)

@@ -28,6 +28,10 @@ _EXPORTS = {
     "simulate": "epifit.simulation._simulate",
     "trajectory_dataset": "epifit.simulation._simulate",
     "synthetic_metapopulation": "epifit.simulation._synthetic",
+    "Stamps": "epifit.simulation._stamps",
+    "at_stamps": "epifit.simulation._stamps",
+    "period_sums": "epifit.simulation._stamps",
+    "weekday_of": "epifit.simulation._stamps",
 }
 __all__ = sorted(_EXPORTS)
 
@@ -44,6 +48,10 @@ if TYPE_CHECKING:  # for type checkers and editors
     from epifit.simulation._simulate import load_params as load_params
     from epifit.simulation._simulate import simulate as simulate
     from epifit.simulation._simulate import trajectory_dataset as trajectory_dataset
+    from epifit.simulation._stamps import Stamps as Stamps
+    from epifit.simulation._stamps import at_stamps as at_stamps
+    from epifit.simulation._stamps import period_sums as period_sums
+    from epifit.simulation._stamps import weekday_of as weekday_of
     from epifit.simulation._synthetic import (
         synthetic_metapopulation as synthetic_metapopulation,
     )

@@ -16,14 +16,21 @@ from epifit.data import (
     PATCH,
     TIME,
     DataError,
+    data_period,
     open_dataset,
     validate_dataset,
 )
 from epifit.model import ModelSpec, SparseCoupling, as_model, sparse_coupling
 from epifit.ode import Solution
 from epifit.simulation._run import ModelRun
-from epifit.simulation._stamps import Stamps, at_stamps, default_stamps, stamps_of
 from epifit.simulation._settings import SolverSettings
+from epifit.simulation._stamps import (
+    Stamps,
+    at_stamps,
+    default_stamps,
+    stamps_of,
+    weekday_of,
+)
 
 
 class Problem:
@@ -390,17 +397,9 @@ def _stamp_days(ds: xr.Dataset, bound) -> np.ndarray:
     return np.rint(np.asarray(bound.times, np.float64)).astype(np.int64)
 
 
-def data_period(ds: xr.Dataset, name: str, step: int) -> int:
-    """The days each value of `name` sums: its `period` attribute, else the
-    time axis' step."""
-    return int(ds[name].attrs.get("period", step))
-
-
 def _step(bound) -> int:
-    """The time axis' step in days (1 for a single stamp)."""
-    if bound.times is None or bound.times.size < 2:
-        return 1
-    return int(np.rint(np.min(np.diff(bound.times))))
+    """The time axis' step in days (1 for a single stamp or no axis)."""
+    return bound.step or 1
 
 
 def _stamps(spec, ds: xr.Dataset, bound, n_days: int, path) -> dict[str, Stamps]:
@@ -413,7 +412,7 @@ def _stamps(spec, ds: xr.Dataset, bound, n_days: int, path) -> dict[str, Stamps]
         if o.name not in bound.observed or days is None:
             out[o.name] = default_stamps(o, n_days)
             continue
-        period = data_period(ds, o.name, _step(bound))
+        period = data_period(ds, o.name) or 1
         if period != o.period:
             raise DataError(
                 f"observation '{o.name}' has period = {o.period} day(s) in the "
@@ -444,9 +443,3 @@ def _check_daily_covariates(spec, bound, path) -> None:
             "them on a daily time axis",
             file=path,
         )
-
-
-def weekday_of(dates: np.ndarray) -> np.ndarray:
-    """The day of the week of each date, Monday 0 (1970-01-01 was a Thursday)."""
-    days = np.asarray(dates).astype("datetime64[D]").astype(np.int64)
-    return ((days + 3) % 7).astype(np.int32)

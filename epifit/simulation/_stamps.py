@@ -23,7 +23,14 @@ from jaxtyping import Array, Float
 
 from epifit.model import ObservationSpec
 
-__all__ = ["Stamps", "at_stamps", "default_stamps", "stamps_of"]
+__all__ = [
+    "Stamps",
+    "at_stamps",
+    "default_stamps",
+    "period_sums",
+    "stamps_of",
+    "weekday_of",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,3 +91,25 @@ def at_stamps(
         [jnp.zeros_like(series[:1]), jnp.cumsum(series, axis=0)], axis=0
     )
     return cumulative[end + 1] - cumulative[end + 1 - stamps.period]
+
+
+def period_sums(
+    series: Float[Array, "day patch"], period: int
+) -> Float[Array, "day patch"]:
+    """The sum of the `period` daily values ending on each day (a weekly total
+    dated on every day, as a forecast reports it); NaN on the first
+    `period - 1` rows, whose period starts before the series."""
+    if period == 1:
+        return series
+    cumulative = jnp.concatenate(
+        [jnp.zeros_like(series[:1]), jnp.cumsum(series, axis=0)], axis=0
+    )
+    sums = cumulative[period:] - cumulative[:-period]
+    head = jnp.full((period - 1, *series.shape[1:]), jnp.nan, series.dtype)
+    return jnp.concatenate([head, sums], axis=0)[: series.shape[0]]
+
+
+def weekday_of(dates: np.ndarray) -> np.ndarray:
+    """The day of the week of each date, Monday 0 (1970-01-01 was a Thursday)."""
+    days = np.asarray(dates).astype("datetime64[D]").astype(np.int64)
+    return ((days + 3) % 7).astype(np.int32)
