@@ -241,7 +241,8 @@ def test_incidence_of_a_compartment_with_inflows_is_an_error():
                 "transition": "S->E",
                 "delay": {"family": "weibull", "mean": "1", "sd": "1"},
             },
-            r"delay\.family: unknown value 'weibull'; expected one of: gamma, lognormal",
+            r"delay\.family: unknown value 'weibull'; expected one of: gamma, "
+            r"lognormal",
         ),
         (
             {
