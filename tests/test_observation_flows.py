@@ -472,3 +472,62 @@ def test_gradients_through_every_new_piece_agree_with_fd_and_across_adjoints():
     for adjoint, g in grads.items():
         assert rel_error(g, fd) < 1e-5, adjoint
         assert rel_error(g, grads["checkpoint"]) < 1e-5, adjoint
+
+
+# -- the worked models -----------------------------------------------------------
+def _worked_dataset(name: str, days: int = 120) -> xr.Dataset:
+    time = pd.date_range("2021-03-01", periods=days)
+    if name == "seir_reporting":
+        testing = 1.0 + 0.2 * np.sin(np.arange(days) / 9.0)
+        return xr.Dataset(
+            {"testing": ("time", testing), "cases": ("time", np.ones(days))},
+            coords={"time": time},
+        )
+    if name == "seir_weekly":
+        weekly = pd.date_range("2021-03-01", periods=days // 7, freq="7D")
+        return xr.Dataset(
+            {"cases": ("time", np.ones(weekly.size))}, coords={"time": weekly}
+        )
+    return xr.Dataset({"cases": ("time", np.ones(days))}, coords={"time": time})
+
+
+@pytest.mark.parametrize("name", ["seirs_flow", "seir_reporting", "seir_weekly"])
+def test_worked_models_load_and_simulate(name):
+    import epifit
+
+    ds = _worked_dataset(name)
+    out = epifit.simulate(f"models/{name}.toml", ds)
+    predicted = out["predicted_cases"].values[:, 0]
+    problem = Problem(f"models/{name}.toml", ds)
+    days = problem.stamps["cases"].days
+    assert np.all(np.isfinite(predicted[days])) and np.all(predicted[days] > 0)
+    assert np.isnan(np.delete(predicted, days)).all()
+    assert out["time"].size == problem.ts.size
+    if name == "seir_weekly":
+        np.testing.assert_array_equal(days, 7 * np.arange(1, ds.time.size))
+
+
+@pytest.mark.slow
+def test_weekly_totals_recover_beta_and_gamma():
+    import epifit
+
+    weeks = 20
+    ds = _worked_dataset("seir_weekly", 7 * weeks)
+    problem = Problem("models/seir_weekly.toml", ds)
+    truth = {"beta": 0.55, "gamma": 0.22}
+    values = problem.model.constrain(problem.init_params())
+    values = {p.name: values[p.name] for p in problem.spec.parameters} | truth
+    params = problem.model.unconstrain(values)
+    mu = np.asarray(problem.predict(params, problem.solve(params, TIGHT).ys)["cases"])
+    counts = np.random.default_rng(7).poisson(mu[:, 0]).astype(float)
+    ds["cases"] = ("time", np.concatenate([[np.nan], counts]))
+    res = epifit.calibrate(
+        "models/seir_weekly.toml",
+        ds,
+        values={"beta": 0.4, "gamma": 0.3},
+        uncertainty=False,
+        progress=False,
+    )
+    assert res.converged, res.message
+    for k, want in truth.items():
+        assert res.parameters[k] == pytest.approx(want, rel=0.05), k

@@ -102,9 +102,10 @@ def regularized_gamma_p(a: Array, x: Array) -> Array:
     Cost: 1024 `lgamma` evaluations per point.
     """
     x = jnp.clip(jnp.asarray(x), jnp.finfo(jnp.result_type(x, float)).tiny, _X_MAX)
-    a = jnp.asarray(a)[..., None]
-    k = jnp.arange(_N_TERMS, dtype=x.dtype)
-    log_terms = (a + k) * jnp.log(x[..., None]) - x[..., None] - gammaln(a + k + 1.0)
+    a, x = jnp.broadcast_arrays(jnp.asarray(a, x.dtype), x)
+    a, x = a[..., None], x[..., None]
+    k = jnp.arange(_N_TERMS, dtype=x.dtype).reshape((1,) * (x.ndim - 1) + (-1,))
+    log_terms = (a + k) * jnp.log(x) - x - gammaln(a + k + 1.0)
     return jnp.exp(logsumexp(log_terms, axis=-1))
 
 
