@@ -531,3 +531,30 @@ def test_weekly_totals_recover_beta_and_gamma():
     assert res.converged, res.message
     for k, want in truth.items():
         assert res.parameters[k] == pytest.approx(want, rel=0.05), k
+
+
+def test_the_builder_writes_the_same_observations_as_toml():
+    from epifit.model import ModelBuilder
+
+    b = ModelBuilder("seirs")
+    for c in ("S", "E", "I", "R"):
+        b = b.compartment(c)
+    for name, p in REPORTED["parameters"].items():
+        b = b.parameter(
+            name, p["value"], **{k: v for k, v in p.items() if k != "value"}
+        )
+    b = b.covariate("testing", ["time"], rule="floor")
+    for t in SEIRS["transitions"]:
+        b = b.transition(t["from"], t["to"], rate=t["rate"])
+    b = b.infection(
+        "S",
+        "E",
+        transmission="beta",
+        infectious=["I"],
+        normalize="population",
+        population="N",
+    )
+    b = b.initial("S", "N - 10").initial("I", "10")
+    obs = dict(REPORTED["observations"][0])
+    b = b.observation(obs.pop("name"), obs.pop("kind"), **obs)
+    assert b.build() == load(REPORTED)

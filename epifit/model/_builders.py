@@ -228,34 +228,52 @@ class ModelBuilder:
         self,
         name: str,
         kind: str,
-        compartments: str | Sequence[str],
+        compartments: str | Sequence[str] | None = None,
         *,
+        transition: str | None = None,
         family: str | None = None,
         weight: float | None = None,
         sign: int | None = None,
         dispersion: str | None = None,
+        sd: str | float | None = None,
         ascertainment: str | float | None = None,
         scale: str | float | None = None,
+        delay: Mapping[str, Any] | None = None,
+        week_effect: str | Mapping[str, Any] | None = None,
+        period: str | int | None = None,
     ) -> ModelBuilder:
-        """An observed data variable: `prevalence` or `incidence` of compartments.
+        """An observed data variable: the `prevalence` or `incidence` of
+        compartments, or the `flow` along a `transition` (`"S->E"`), with its
+        reporting (`delay = {"family", "mean", "sd", "max_days"}`,
+        `ascertainment`, `scale`, `week_effect`, `period`) and likelihood
+        (`family`, `weight`, `dispersion`, `sd`), as in model files (see
+        `docs/models.md`).
 
         `scale` converts the model's units to the data's (e.g. `"population"`
         for a model in fractions of each patch observed as counts)."""
         if isinstance(compartments, Sequence) and not isinstance(compartments, str):
             compartments = list(compartments)
+        entry: dict[str, Any] = {"name": name, "kind": kind}
+        if compartments is not None:
+            entry["compartments"] = compartments
         return self._listed(
             "observations",
             {
-                "name": name,
-                "kind": kind,
-                "compartments": compartments,
+                **entry,
                 **_fields(
+                    transition=transition,
                     family=family,
                     weight=weight,
                     sign=sign,
                     dispersion=dispersion,
+                    sd=sd,
                     ascertainment=ascertainment,
                     scale=scale,
+                    delay=None if delay is None else dict(delay),
+                    week_effect=week_effect
+                    if week_effect is None or isinstance(week_effect, str)
+                    else dict(week_effect),
+                    period=period,
                 ),
             },
         )
