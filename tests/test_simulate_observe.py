@@ -328,6 +328,18 @@ def test_library_errors(kwargs, message):
         epifit.simulate(SEIR, days=3, **kwargs)
 
 
+def test_an_observation_named_as_a_compartment_is_refused(tmp_path):
+    model = tmp_path / "clash.toml"
+    model.write_text(
+        SEIR.read_text().replace(
+            'name = "cases"\nkind = "incidence"', 'name = "I"\nkind = "incidence"'
+        )
+    )
+    assert 'name = "I"' in model.read_text()
+    with pytest.raises(epifit.DataError, match=r"observations and inputs \['I'\]"):
+        epifit.simulate(model, days=3, observe="model")
+
+
 # -------------------------------------------------------------------- the CLI
 def test_cli_round_trip_recovers_the_parameters(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
