@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 
 import epifit.cli._flags as _flags
@@ -40,13 +41,43 @@ def _simulate_args(p: argparse.ArgumentParser) -> None:
         "--patches", type=_flags.count, help="patches, for a model run without data"
     )
     _tolerance_args(p)
+    _observe_args(p)
     p.add_argument("--json", action="store_true", help="print a JSON summary")
+
+
+def _observe_args(p: argparse.ArgumentParser) -> None:
+    """`--observe [FAMILY]`, `--seed`, `--start`: synthetic observations."""
+    from epifit.simulation import OBSERVE
+
+    p.add_argument(
+        "--observe",
+        nargs="?",
+        const="model",
+        choices=OBSERVE,
+        metavar="FAMILY",
+        help="add noisy observations under their own names, drawn from each "
+        "observation's family (no value, or 'model') or from poisson, "
+        "negative_binomial or gaussian; the output is then data for calibrate",
+    )
+    p.add_argument(
+        "--seed",
+        type=_flags.seed,
+        help="seed of the observation noise (default 0; only with --observe)",
+    )
+    p.add_argument(
+        "--start",
+        type=_flags.date,
+        help="first date YYYY-MM-DD of a run without dated data (default "
+        "2020-01-01 with --observe; else the time axis is in days)",
+    )
 
 
 def _simulate(a) -> int:
     from epifit.data import write_dataset
     from epifit.simulation import simulate
 
+    if a.seed is not None and a.observe is None:
+        raise ValueError("--seed seeds the observation noise; give it with --observe")
     model = existing_file(a.model, "Model")
     data = existing_file(a.data, "Data") if a.data else None
     params = existing_file(a.params, "Parameter") if a.params else None
@@ -62,6 +93,9 @@ def _simulate(a) -> int:
             n_patches=a.patches,
             rtol=a.rtol,
             atol=a.atol,
+            observe=a.observe,
+            seed=0 if a.seed is None else a.seed,
+            start=a.start,
         )
         ds.attrs["command"] = _simulate_command(a)
         out = write_dataset(ds, out)
@@ -72,13 +106,20 @@ def _simulate(a) -> int:
         "patches": int(ds.sizes["patch"]),
         "steps": ds.attrs.get("solver_num_accepted_steps"),
     }
+    if a.observe is not None:
+        summary["observed"] = json.loads(ds.attrs["observation_noise"])
+        summary["seed"] = ds.attrs["observation_seed"]
     if a.json:
         print(dumps(summary))
-    else:
-        print(
-            f"wrote {out}: model '{summary['model']}', {summary['days']} days x "
-            f"{summary['patches']} patches, {summary['steps']} solver steps"
-        )
+        return 0
+    text = (
+        f"wrote {out}: model '{summary['model']}', {summary['days']} days x "
+        f"{summary['patches']} patches, {summary['steps']} solver steps"
+    )
+    if a.observe is not None:
+        drawn = ", ".join(f"{k} ({v})" for k, v in summary["observed"].items())
+        text += f"; simulated observations {drawn}, seed {summary['seed']}"
+    print(text)
     return 0
 
 
@@ -94,6 +135,9 @@ def _simulate_command(a) -> str:
         ("--patches", a.patches),
         ("--rtol", a.rtol),
         ("--atol", a.atol),
+        ("--observe", a.observe),
+        ("--seed", a.seed),
+        ("--start", a.start),
     ]:
         if value is not None:
             words += [flag, str(value)]

@@ -75,6 +75,19 @@ def levels(text: str) -> list[float]:
     return values
 
 
+def date(text: str) -> str:
+    """A date `YYYY-MM-DD` (kept as text)."""
+    import datetime
+
+    try:
+        datetime.date.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"must be a date YYYY-MM-DD, e.g. 2020-01-01; got {text!r}"
+        ) from None
+    return text
+
+
 count = integer(1)  # iterations, patches, days, repeats, chunk sizes, ...
 seed = integer(0)
 starts = integer(1)  # its upper bound is the fit's (epifit.fitting.MAX_STARTS)

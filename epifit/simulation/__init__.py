@@ -20,6 +20,7 @@ from epifit._lazy import lazy_exports
 
 _EXPORTS = {
     "ADJOINTS": "epifit.simulation._settings",
+    "OBSERVE": "epifit.simulation._noise",
     "SOLVERS": "epifit.simulation._settings",
     "SolverSettings": "epifit.simulation._settings",
     "ModelRun": "epifit.simulation._run",
@@ -40,6 +41,7 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 
 if TYPE_CHECKING:  # for type checkers and editors
+    from epifit.simulation._noise import OBSERVE as OBSERVE
     from epifit.simulation._problem import Problem as Problem
     from epifit.simulation._run import ModelRun as ModelRun
     from epifit.simulation._settings import ADJOINTS as ADJOINTS

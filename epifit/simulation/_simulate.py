@@ -14,6 +14,8 @@ import xarray as xr
 
 from epifit.data import PATCH, TIME, DataError
 from epifit.model import parameters_json
+from epifit.simulation._noise import noise_of
+from epifit.simulation._observe import DEFAULT_START, add_observations, set_dates
 from epifit.simulation._problem import Problem
 from epifit.simulation._settings import SolverSettings
 
@@ -109,6 +111,9 @@ def simulate(
     rtol: float | None = None,
     atol: float | None = None,
     solver=None,
+    observe: str | None = None,
+    seed: int = 0,
+    start=None,
 ) -> xr.Dataset:
     """Run a model with given (or its initial) parameters; return the trajectories.
 
@@ -128,6 +133,18 @@ def simulate(
             `settings`.
         solver: a solver (or its name) replacing that of `settings`, e.g.
             `Kvaerno5()` for stiff models.
+        observe: add synthetic observations: `"model"` draws each observation
+            from its own family at the parameter values (its dispersion, sd or
+            least-squares weight), `"poisson"`, `"negative_binomial"` or
+            `"gaussian"` one family for all (see `epifit.simulation._noise`).
+            The noisy series are written under the observations' own names
+            (NaN off their stamps, with a `period` attribute), the time axis
+            is dated, and the covariates and initial-state variables the model
+            reads are copied from the data: the output is data for `calibrate`.
+        seed: the seed of the noise (`jax.random`); the same seed gives the
+            same draws. Unused without `observe`.
+        start: the first date (`YYYY-MM-DD`) of a run without dated data;
+            default `2020-01-01` with `observe`, else a time axis in days.
 
     Returns:
         A Dataset with `state (time, state_row, patch)` (every stage of every
@@ -138,9 +155,19 @@ def simulate(
         data files and their hashes, `parameters` and `derived_parameters` (JSON
         of the constrained values used), `parameters_source`, `params_file`
         (the `values` file, or empty), `solver`, `stepsize_controller`, `rtol`
-        and `atol`.
+        and `atol`; with `observe`, the noisy series, the copied inputs and
+        the attributes `observation_noise` (JSON: each observation's family)
+        and `observation_seed`.
+
+    Raises:
+        ValueError: a bad `observe` or `start` (a date given for dated data),
+            or a family an observation cannot be drawn from (see `noise_of`).
     """
     problem = Problem(model, data, days=days, n_patches=n_patches)
+    if observe is not None:
+        _check_observe(problem, observe, seed)
+    if start is not None or (observe is not None and problem.dates is None):
+        set_dates(problem, DEFAULT_START if start is None else start)
     if params is None:
         params = load_params(problem, values)
         if values is None:
@@ -162,7 +189,26 @@ def simulate(
         "params_file": str(values) if isinstance(values, str | os.PathLike) else "",
         **{k: solved[k] for k in _SOLVER_ATTRS},
     }
-    return trajectory_dataset(problem, params, sol, attrs=attrs)
+    ds = trajectory_dataset(problem, params, sol, attrs=attrs)
+    if observe is not None:
+        ds = add_observations(ds, problem, params, observe, seed)
+    return ds
+
+
+def _check_observe(problem: Problem, observe: str, seed) -> None:
+    """Check, before the solve, the seed and that every observation can be
+    drawn from `observe` (at the model's initial values: the check reads
+    which parameters exist, not their values)."""
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"--seed must be an integer >= 0; got {seed!r}")
+    if not problem.spec.observations:
+        raise ValueError(
+            f"model '{problem.spec.name}' declares no [[observations]]: "
+            "--observe has nothing to draw"
+        )
+    values = problem.model.constrain(problem.init_params())
+    for obs in problem.spec.observations:
+        noise_of(obs, values, observe)
 
 
 def parameter_attrs(problem: Problem, params) -> dict[str, str]:
