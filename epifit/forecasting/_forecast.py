@@ -30,7 +30,7 @@ from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
 from epifit.forecasting._summary import first_row, summarize
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
-from epifit.simulation import SOLVERS, Problem, SolverSettings, weekday_of
+from epifit.simulation import SOLVERS, Problem, SolverSettings
 
 __all__ = [
     "DEFAULT_QUANTILES",
@@ -144,11 +144,8 @@ class PreparedForecast:
     def scenario_data(self) -> Iterator[dict[str, Any]]:
         """Each scenario's data, made when needed (bounded memory)."""
         initial = {k: np.asarray(v) for k, v in self.problem.initial_data.items()}
-        calendar = {}
-        if self.horizon.dates is not None:
-            calendar["weekday"] = weekday_of(self.horizon.dates)
         for i in range(len(self.bound.names)):
-            yield {**self.bound.data(i), "initial": initial, **calendar}
+            yield {**self.bound.data(i), "initial": initial, **self.horizon.calendar}
 
     def run(self, *, chunk_size: int | None = None) -> xr.Dataset:
         """Run the ensemble and summarise it (what [`forecast`][] returns)."""

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from epifit.forecasting._error import ScenarioError
+from epifit.simulation import weekday_of
 
 __all__ = ["Day", "Horizon", "carry_forward", "parse_date"]
 
@@ -41,6 +42,12 @@ class Horizon:
         if self.first_date is None:
             return None
         return self.first_date + np.arange(self.n_days).astype("timedelta64[D]")
+
+    @property
+    def calendar(self) -> dict[str, np.ndarray]:
+        """`{"weekday": (n_days,)}` (Monday 0) for week effects, when dated."""
+        dates = self.dates
+        return {} if dates is None else {"weekday": weekday_of(dates)}
 
     def label(self, day: int) -> str:
         if self.first_date is None:
