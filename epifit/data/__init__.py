@@ -33,10 +33,6 @@ from epifit.data._bind import BoundData as BoundData
 from epifit.data._bind import time_index as time_index
 from epifit.data._bind import validate_dataset as validate_dataset
 from epifit.data._bind import weekday as weekday
-from epifit.model import AbstractDelay as AbstractDelay
-from epifit.model import GammaDelay as GammaDelay
-from epifit.model import LogNormalDelay as LogNormalDelay
-from epifit.model import convolve_delay as convolve_delay
 from epifit.data._errors import DataError as DataError
 from epifit.data._io import open_dataset as open_dataset
 from epifit.data._io import write_dataset as write_dataset
@@ -45,6 +41,7 @@ from epifit.data._observation import (
 )
 from epifit.data._observation import Gaussian as Gaussian
 from epifit.data._observation import NegativeBinomial as NegativeBinomial
+from epifit.data._observation import Normal as Normal
 from epifit.data._observation import Poisson as Poisson
 from epifit.data._reporting import ascertain as ascertain
 from epifit.data._reporting import expected_reports as expected_reports
@@ -54,3 +51,7 @@ from epifit.data._reporting import prevalence as prevalence
 from epifit.data._reporting import week_effect as week_effect
 from epifit.data._table import from_csv as from_csv
 from epifit.data._validate import data_period as data_period
+from epifit.model import AbstractDelay as AbstractDelay
+from epifit.model import GammaDelay as GammaDelay
+from epifit.model import LogNormalDelay as LogNormalDelay
+from epifit.model import convolve_delay as convolve_delay
