@@ -298,7 +298,7 @@ def _check_information(ds: xr.Dataset, path) -> None:
                 path, f"attribute '{k}' is not a number ({a[k]!r})"
             ) from None
         if k in INFORMATION_COUNTS and not (value >= 0 and value == int(value)):
-            raise _damaged(path, f"'{k}' = {a[k]!r} is not a count")
+            raise _damaged(path, f"'{k}' = {a[k]} is not a count")
 
 
 def _check_model_text(ds: xr.Dataset, path) -> None:
