@@ -86,8 +86,8 @@ class Objective:
     observations, `weight` times the negative log-likelihood for gaussian,
     poisson and negative binomial ones; missing points masked) plus the
     parameters' negative log-priors and L2 penalties. `log_likelihood` is the
-    observations' log-likelihood itself, without weights, priors or
-    penalties (for AIC and BIC).
+    observations' log-likelihood itself (unweighted, see there), without
+    priors or penalties: what AIC and BIC use.
 
     Cost model: every value costs one solve of the model; `value_and_grad` one
     solve and one adjoint pass (the settings' adjoint); the Jacobian of the

@@ -142,7 +142,7 @@ class FitResult:
             f"{'converged' if self.converged else 'NOT converged'}: {self.message}",
             f"loss {self.loss:.10g} after {self.iterations} iterations{starts}",
         ]
-        if math.isfinite(self.log_likelihood):
+        if self.n_parameters is not None:  # None: read from an older FIT.nc
             lines.append(
                 f"log-likelihood {self.log_likelihood:.10g}, AIC {self.aic:.10g}, "
                 f"BIC {self.bic:.10g} ({self.n_parameters} free parameters, "
