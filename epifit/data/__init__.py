@@ -41,6 +41,7 @@ from epifit.data._observation import (
 )
 from epifit.data._observation import Gaussian as Gaussian
 from epifit.data._observation import NegativeBinomial as NegativeBinomial
+from epifit.data._observation import Normal as Normal
 from epifit.data._observation import Poisson as Poisson
 from epifit.data._reporting import ascertain as ascertain
 from epifit.data._reporting import expected_reports as expected_reports

@@ -1,7 +1,8 @@
 """Observation models (likelihood families) for counts on the save grid.
 
 Every family has the same interface: `log_likelihood(predicted, observed, mask)`
-and `loss(predicted, observed, mask)`, both scalars summed over all points.
+and `loss(predicted, observed, mask)`, both scalars summed over all points, and
+`point_log_likelihood` (the same arguments), the log-likelihood of each point.
 Masked points (and NaN observations, which always count as missing) contribute
 exactly nothing to the value *and* to the gradient: both the prediction and the
 observation are replaced by harmless values before any arithmetic (the "double
@@ -34,13 +35,23 @@ class AbstractObservationModel(eqx.Module):
     """
 
     @abc.abstractmethod
+    def point_log_likelihood(
+        self,
+        predicted: Real[ArrayLike, "*shape"],
+        observed: Real[ArrayLike, "*shape"],
+        mask: Bool[ArrayLike, "*shape"] | None = None,
+    ) -> Float[Array, "*shape"]:
+        """The log-likelihood of every point (exactly 0 where masked or NaN)."""
+
+    @abc.abstractmethod
     def log_likelihood(
         self,
         predicted: Real[ArrayLike, "*shape"],
         observed: Real[ArrayLike, "*shape"],
         mask: Bool[ArrayLike, "*shape"] | None = None,
     ) -> Scalar:
-        """Sum of the log-likelihoods of the unmasked points."""
+        """Sum of the log-likelihoods of the unmasked points (`weight` does
+        not enter it)."""
 
     @abc.abstractmethod
     def loss(
@@ -54,6 +65,10 @@ class AbstractObservationModel(eqx.Module):
 
 class Gaussian(AbstractObservationModel):
     """Normal noise with standard deviation `sigma`: (weighted) least squares.
+
+    For a standard deviation that is fitted (or any true log-likelihood in
+    the loss) use [`Normal`][epifit.data.Normal]: this loss leaves out the
+    `log(sigma)` term, so it is a loss for fixed weights only.
 
     Give either `sigma` or `weight = 1 / (2 sigma^2)`; each may be a scalar or
     an array broadcast against the observations (per-point weights). `loss` is
@@ -97,12 +112,16 @@ class Gaussian(AbstractObservationModel):
         return jnp.sqrt(0.5 / self.weight)
 
     @jax.jit
-    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
+    def point_log_likelihood(self, predicted, observed, mask=None) -> Array:
         predicted, observed, mask = _prepare(predicted, observed, mask)
         weight = jnp.where(mask, jnp.broadcast_to(self.weight, observed.shape), 1.0)
         residual = predicted - observed
         point = -weight * jnp.square(residual) + 0.5 * jnp.log(weight / jnp.pi)
-        return jnp.sum(jnp.where(mask, point, 0.0))
+        return jnp.where(mask, point, 0.0)
+
+    @jax.jit
+    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
+        return jnp.sum(self.point_log_likelihood(predicted, observed, mask))
 
     @jax.jit
     def loss(self, predicted, observed, mask=None) -> Scalar:
@@ -110,6 +129,51 @@ class Gaussian(AbstractObservationModel):
         weight = jnp.broadcast_to(self.weight, observed.shape)
         point = weight * jnp.square(predicted - observed)
         return jnp.sum(jnp.where(mask, point, 0.0))
+
+
+class Normal(AbstractObservationModel):
+    """Normal noise of standard deviation `sd`: a true log-likelihood.
+
+    `sd` may be a scalar or an array broadcast against the observations (e.g.
+    `(1, patch)` against `(time, patch)`), and a traced (fitted) value: unlike
+    `Gaussian` (least squares, whose loss leaves out the normalising
+    constant), the loss keeps the `log(sd)` term, so a fitted `sd` has a
+    maximum at the residuals' root mean square. `log_likelihood` is the sum of
+    `scipy.stats.norm.logpdf(observed, predicted, sd)` over the unmasked
+    points; `loss` is `weight * -log_likelihood` (`weight`, default 1, the
+    observation's relative weight in a fit).
+
+    Examples:
+        >>> import jax.numpy as jnp
+        >>> ll = Normal(1.0).log_likelihood(jnp.array([0.0]), jnp.array([0.0]))
+        >>> round(float(ll), 4)  # -log(2 pi) / 2
+        -0.9189
+    """
+
+    sd: Array
+    weight: float
+
+    def __init__(self, sd: ArrayLike, *, weight: float = 1.0):
+        _check_positive("Normal", "sd", sd)
+        _check_positive("Normal", "weight", weight)
+        self.sd = jnp.asarray(sd)
+        self.weight = weight
+
+    @jax.jit
+    def point_log_likelihood(self, predicted, observed, mask=None) -> Array:
+        predicted, observed, mask = _prepare(predicted, observed, mask)
+        sd = jnp.where(mask, jnp.broadcast_to(self.sd, observed.shape), 1.0)
+        z = (observed - predicted) / sd
+        point = -0.5 * jnp.square(z) - jnp.log(sd) - 0.5 * np.log(2.0 * np.pi)
+        return jnp.where(mask, point, 0.0)
+
+    @jax.jit
+    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
+        return jnp.sum(self.point_log_likelihood(predicted, observed, mask))
+
+    @jax.jit
+    def loss(self, predicted, observed, mask=None) -> Scalar:
+        return self.weight * -self.log_likelihood(predicted, observed, mask)
 
 
 class Poisson(AbstractObservationModel):
@@ -131,10 +195,14 @@ class Poisson(AbstractObservationModel):
         _check_positive("Poisson", "weight", self.weight)
 
     @jax.jit
-    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
+    def point_log_likelihood(self, predicted, observed, mask=None) -> Array:
         predicted, observed, mask = _prepare(predicted, observed, mask)
         point = _xlogy(observed, predicted) - predicted - gammaln(observed + 1.0)
-        return jnp.sum(jnp.where(mask, point, 0.0))
+        return jnp.where(mask, point, 0.0)
+
+    @jax.jit
+    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
+        return jnp.sum(self.point_log_likelihood(predicted, observed, mask))
 
     @jax.jit
     def loss(self, predicted, observed, mask=None) -> Scalar:
@@ -164,7 +232,7 @@ class NegativeBinomial(AbstractObservationModel):
         self.weight = weight
 
     @jax.jit
-    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
+    def point_log_likelihood(self, predicted, observed, mask=None) -> Array:
         predicted, observed, mask = _prepare(predicted, observed, mask)
         phi = jnp.where(mask, jnp.broadcast_to(self.dispersion, observed.shape), 1.0)
         point = (
@@ -175,7 +243,11 @@ class NegativeBinomial(AbstractObservationModel):
             + _xlogy(observed, predicted)
             - observed * jnp.log(phi + predicted)
         )
-        return jnp.sum(jnp.where(mask, point, 0.0))
+        return jnp.where(mask, point, 0.0)
+
+    @jax.jit
+    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
+        return jnp.sum(self.point_log_likelihood(predicted, observed, mask))
 
     @jax.jit
     def loss(self, predicted, observed, mask=None) -> Scalar:

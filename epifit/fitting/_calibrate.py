@@ -4,8 +4,8 @@ A fit is a composition of small steps: resolve the settings
 (`epifit.fitting._resolve`), draw starting points with a finite loss
 (`finite_starts`), run the phases (`Optimizer`, with checkpoints and a progress
 bar), pick the best start, solve there once more (with the Jacobian for a
-Gauss-Newton Laplace approximation), compute the uncertainty and build the
-`FitResult`.
+Gauss-Newton Laplace approximation), compute the uncertainty, the
+log-likelihood with AIC and BIC there, and build the `FitResult`.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from epifit.fitting._checkpoint import (
 )
 from epifit.fitting._config import FitConfig, PhasesLike
 from epifit.fitting._diagnose import NonFiniteStartError, explain_nonfinite
+from epifit.fitting._information import fit_information
 from epifit.fitting._optimize import (
     GRADIENT,
     LOSS,
@@ -120,7 +121,8 @@ def calibrate(
 
     Raises:
         FitConfigError: a bad fit configuration (naming file and field).
-        NotImplementedError: a least-squares method on a non-gaussian fit.
+        NotImplementedError: a least-squares method on observations that are
+            not all least_squares.
         NonFiniteStartError: a non-finite loss at every starting point (a
             `FloatingPointError` and a `LocatedError`), saying why at the first.
         CheckpointError: a checkpoint that belongs to a different fit.
@@ -454,6 +456,7 @@ def _fit_result(setup: FitSetup, out: dict, best: int, xs, data) -> dict[str, An
         initial_losses=np.asarray(record["initial_loss"]),
         uncertainty=unc,
         solver_stats={k: int(np.asarray(v)) for k, v in sol.stats.items()},
+        **fit_information(setup.objective, x_best, sol.ys, data),
         trajectories=trajectories,
         problem=problem,
         model_text=_model_text(problem),

@@ -106,24 +106,17 @@ def explain_nonfinite(objective: Objective, x, data, reference=None) -> str:
         total = float(model.loss(p, y, m))
         if np.isfinite(total):
             continue
-        for k in range(y.shape[0]):
-            for j in range(y.shape[1]):
-                if not m[k, j]:
-                    continue
-                one = float(
-                    model.loss(
-                        p[k : k + 1, j : j + 1],
-                        y[k : k + 1, j : j + 1],
-                        m[k : k + 1, j : j + 1],
-                    )
-                )
-                if not np.isfinite(one):
-                    return (
-                        f"observation '{o.name}' gives a non-finite likelihood: "
-                        f"value {y[k, j]:.6g} against prediction {p[k, j]:.6g} at "
-                        f"{_where(problem, int(days[k]), j)} ({o.family}); check "
-                        "that value in the data"
-                    )
+        # the loss of every family is finite where its log-likelihood is
+        points = np.asarray(model.point_log_likelihood(p, y, m))
+        bad = np.argwhere(m & ~np.isfinite(points))
+        if bad.size:
+            k, j = (int(i) for i in bad[0])
+            return (
+                f"observation '{o.name}' gives a non-finite likelihood: "
+                f"value {y[k, j]:.6g} against prediction {p[k, j]:.6g} at "
+                f"{_where(problem, int(days[k]), j)} ({o.family}); check "
+                "that value in the data"
+            )
         return (
             f"observation '{o.name}' gives a non-finite likelihood ({o.family}, "
             f"loss {total}); check its values in the data"

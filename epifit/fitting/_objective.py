@@ -22,7 +22,13 @@ import numpy as np
 
 from epifit._jit import jit
 from epifit._vmap import default_group, vmap_batch
-from epifit.data import AbstractObservationModel, Gaussian, NegativeBinomial, Poisson
+from epifit.data import (
+    AbstractObservationModel,
+    Gaussian,
+    NegativeBinomial,
+    Normal,
+    Poisson,
+)
 from epifit.fitting._parameters import FreeParameters
 from epifit.model import ObservationSpec
 from epifit.ode import jacobian
@@ -32,7 +38,7 @@ __all__ = ["FAMILIES", "Objective", "observation_model"]
 
 FAMILIES: dict[str, type[AbstractObservationModel]] = {
     "least_squares": Gaussian,
-    "gaussian": Gaussian,
+    "gaussian": Normal,
     "poisson": Poisson,
     "negative_binomial": NegativeBinomial,
 }
@@ -47,9 +53,20 @@ def _family(obs: ObservationSpec) -> type[AbstractObservationModel]:
 
 def observation_model(obs: ObservationSpec, values) -> AbstractObservationModel:
     """The likelihood of one observation, from its spec and the constrained
-    parameter `values` (a negative binomial reads its dispersion there); the
-    observation's `weight` multiplies its loss."""
+    parameter `values` (a negative binomial reads its dispersion there, a
+    gaussian evaluates its `sd` expression there); the observation's `weight`
+    multiplies its loss. `least_squares` is `Gaussian(weight=w)` (a weighted
+    sum of squares), `gaussian` is `Normal(sd, weight=w)` (a true normal
+    log-likelihood, `sd` scalar or per patch, broadcast over the stamps)."""
     family = _family(obs)
+    if family is Normal:
+        if obs.sd is None:
+            raise ValueError(
+                f"observation '{obs.name}': family gaussian needs a standard "
+                "deviation (sd = 'EXPR')."
+            )
+        sd = jnp.asarray(obs.sd.evaluate(values))
+        return Normal(sd[None, :] if sd.ndim == 1 else sd, weight=obs.weight)
     if issubclass(family, NegativeBinomial):
         if obs.dispersion is None:
             raise ValueError(
@@ -65,10 +82,12 @@ class Objective:
     parameters, solved with one `SolverSettings`.
 
     The loss is the sum of the observation losses (each observation model
-    applies its weight: weighted least squares for gaussian observations,
-    `weight` times the negative log-likelihood for poisson and negative
-    binomial ones; missing points masked) plus the parameters' negative
-    log-priors and L2 penalties.
+    applies its weight: a weighted sum of squares for least_squares
+    observations, `weight` times the negative log-likelihood for gaussian,
+    poisson and negative binomial ones; missing points masked) plus the
+    parameters' negative log-priors and L2 penalties. `log_likelihood` is the
+    observations' log-likelihood itself (unweighted, see there), without
+    priors or penalties: what AIC and BIC use.
 
     Cost model: every value costs one solve of the model; `value_and_grad` one
     solve and one adjoint pass (the settings' adjoint); the Jacobian of the
@@ -84,9 +103,11 @@ class Objective:
     Attributes:
         settings: the solver settings of every solve.
         families: observation name -> its likelihood family (a class).
-        gaussian_data: every observation is gaussian.
-        least_squares: every observation is gaussian and every prior normal,
-            so the loss is `sum(residuals(x) ** 2)`.
+        gaussian_data: every observation is least_squares (a weighted sum of
+            squares; a `gaussian` observation with its `sd` is not: its loss
+            has a `log(sd)` term). The name is historical.
+        least_squares: every observation is least_squares and every prior
+            normal, so the loss is `sum(residuals(x) ** 2)`.
         n_data: the number of observed (unmasked) points the loss sums over.
         group: starting points batched together by the compiled methods
             (`vmap_batch`'s `group`; default `default_group()`: one at a time
@@ -111,9 +132,7 @@ class Objective:
         # starts batched together by the compiled methods (see `default_group`)
         self.group = default_group()
         self.families = {o.name: _family(o) for o in self.observations}
-        self.gaussian_data = all(
-            issubclass(f, Gaussian) for f in self.families.values()
-        )
+        self.gaussian_data = all(o.family == "least_squares" for o in self.observations)
         self.least_squares = self.gaussian_data and free.least_squares_penalty
         self.n_data = sum(_n_observed(problem, o) for o in self.observations)
 
@@ -141,6 +160,34 @@ class Objective:
             p, y, m = pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
             total = total + observation_model(o, values).loss(p, y, m)
         return total
+
+    def _log_likelihood(self, params, pred, arrays, dtype):
+        """The observations' summed log-likelihood (no weights), from a zero
+        of `dtype`."""
+        values = self.problem.model.constrain(params)
+        total = jnp.zeros((), dtype)
+        for o in self.observations:
+            p, y, m = pred[o.name], arrays["observed"][o.name], arrays["mask"][o.name]
+            total = total + observation_model(o, values).log_likelihood(p, y, m)
+        return total
+
+    def log_likelihood(self, x, data):
+        """The log-likelihood of the observations at free vector `x`: the sum
+        over observations of each family's `log_likelihood`. Unweighted: the
+        `weight` of a gaussian, poisson or negative binomial observation
+        scales its loss, not this; a least_squares observation's weight is
+        its noise precision, so this is the normal density of sd
+        `sqrt(1 / (2 weight))` there. Priors and penalties do not enter.
+        One solve."""
+        params, _, pred = self.predictions(x, data)
+        return self._log_likelihood(params, pred, data["arrays"], self.free.x0.dtype)
+
+    def log_likelihood_at(self, x, ys, data):
+        """`log_likelihood(x, data)` from the states `ys` of a solve already
+        made at `x` (no solve: the predictions and the sum only)."""
+        params = self.params(x, data)
+        pred = self.problem.predict(params, ys, data["arrays"])
+        return self._log_likelihood(params, pred, data["arrays"], self.free.x0.dtype)
 
     def data_loss(self, x, data):
         """The observation part of the loss (the negative log-likelihood)."""
@@ -179,13 +226,9 @@ class Objective:
     # -- least squares --------------------------------------------------------------
     def _check_gaussian(self) -> None:
         if not self.gaussian_data:
-            bad = [
-                o
-                for o in self.observations
-                if not issubclass(self.families[o.name], Gaussian)
-            ]
+            bad = [o for o in self.observations if o.family != "least_squares"]
             raise NotImplementedError(
-                "Least-squares methods need gaussian observations; "
+                "Least-squares methods need least_squares observations; "
                 + ", ".join(f"'{o.name}' is {o.family}" for o in bad)
                 + ". Use the lbfgs or adam optimisers (and uncertainty method "
                 "'hessian')."

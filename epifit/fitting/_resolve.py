@@ -15,7 +15,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from epifit.data import Gaussian
 from epifit.fitting._config import (
     SETTINGS,
     FitConfig,
@@ -289,8 +288,8 @@ def _check_least_squares(objective: Objective, phases) -> None:
     for p in phases:
         if isinstance(make_method(p), AbstractLeastSquaresMethod):
             raise NotImplementedError(
-                f"Optimiser '{p.method}' needs a least-squares loss: gaussian "
-                "observations and only normal priors; this fit has "
+                f"Optimiser '{p.method}' needs a least-squares loss: "
+                "least_squares observations and only normal priors; this fit has "
                 f"{_not_least_squares(objective)}. Use lbfgs or adam."
             )
 
@@ -299,7 +298,7 @@ def _not_least_squares(objective: Objective) -> str:
     parts = [
         f"'{o.name}' {o.family}"
         for o in objective.observations
-        if not issubclass(objective.families[o.name], Gaussian)
+        if o.family != "least_squares"
     ]
     parts += [
         f"a {type(p).__name__} prior on '{k}'"

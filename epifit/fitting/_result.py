@@ -66,6 +66,15 @@ class FitResult:
             `xarray.Dataset` from `trajectory_dataset`).
         problem: the problem fitted (None when read back without data).
         model_text, fit_config, hashes, versions: provenance.
+        log_likelihood: the observations' log-likelihood at the point returned
+            (unweighted; see `Objective.log_likelihood`), NaN when read from
+            a `FIT.nc` written before it was stored.
+        aic, bic: `2 k - 2 log_likelihood` and `k ln(n) - 2 log_likelihood`.
+        n_parameters: `k`, the free scalar parameters (the length of `x`,
+            neural weights included); n_data: `n`, the observed (unmasked)
+            points. None when read from an older `FIT.nc`.
+        notes: one-line remarks on the fit that are neither errors nor
+            warnings (e.g. scalar parameters shared by several patches).
     """
 
     params: Any
@@ -98,6 +107,12 @@ class FitResult:
     fit_config: dict
     hashes: dict
     versions: dict
+    log_likelihood: float = math.nan
+    aic: float = math.nan
+    bic: float = math.nan
+    n_parameters: int | None = None
+    n_data: int | None = None
+    notes: list[str] = dataclasses.field(default_factory=list)
 
     # -- views ----------------------------------------------------------------------
     @property
@@ -127,6 +142,12 @@ class FitResult:
             f"{'converged' if self.converged else 'NOT converged'}: {self.message}",
             f"loss {self.loss:.10g} after {self.iterations} iterations{starts}",
         ]
+        if self.n_parameters is not None:  # None: read from an older FIT.nc
+            lines.append(
+                f"log-likelihood {self.log_likelihood:.10g}, AIC {self.aic:.10g}, "
+                f"BIC {self.bic:.10g} ({self.n_parameters} free parameters, "
+                f"{self.n_data} observed points)"
+            )
         head = (
             f"{'parameter':24s} {'estimate':>13s} {'se':>11s} "
             f"{f'{100 * level:g}% interval':>27s}"
@@ -145,6 +166,7 @@ class FitResult:
             )
         if msg := self.uncertainty.get("message"):
             lines.append(f"note: {msg}")
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -152,8 +174,9 @@ class FitResult:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready summary: `parameters` (name -> constrained value,
-        per-patch ones as lists), `intervals`, `loss`, `iterations`,
-        `converged`, `message`, ..."""
+        per-patch ones as lists), `intervals`, `loss`, `log_likelihood`,
+        `aic`, `bic`, `n_parameters`, `n_data`, `notes`, `iterations`,
+        `converged`, `message`, ... (non-finite numbers as null)."""
         return {
             "parameters": self.parameters,
             "intervals": {
@@ -161,6 +184,12 @@ class FitResult:
                 for k, v in self.intervals.items()
             },
             "loss": float(self.loss),
+            "log_likelihood": _finite_or_none(float(self.log_likelihood)),
+            "aic": _finite_or_none(float(self.aic)),
+            "bic": _finite_or_none(float(self.bic)),
+            "n_parameters": self.n_parameters,
+            "n_data": self.n_data,
+            "notes": list(self.notes),
             "iterations": int(self.iterations),
             "converged": bool(self.converged),
             "message": self.message,

@@ -144,6 +144,26 @@ def _attributes(fit: Any, attrs: dict) -> dict:
     for k in ("seed", "n_starts", "perturbation"):
         if fit.settings.get(k) is not None:
             attrs[k] = fit.settings[k]
+    attrs.update(_information_attributes(fit))
+    return attrs
+
+
+# the log-likelihood and information criteria (attributes; absent from files
+# written before them, read back as NaN and None)
+INFORMATION_FLOATS = ("log_likelihood", "aic", "bic")
+INFORMATION_COUNTS = ("n_parameters", "n_data")
+
+
+def _information_attributes(fit: Any) -> dict:
+    attrs = {k: float(getattr(fit, k)) for k in INFORMATION_FLOATS}
+    attrs.update(
+        {
+            k: int(getattr(fit, k))
+            for k in INFORMATION_COUNTS
+            if getattr(fit, k) is not None
+        }
+    )
+    attrs["notes"] = json.dumps(list(fit.notes))
     return attrs
 
 
@@ -239,6 +259,7 @@ def _check_stored(ds: xr.Dataset, path) -> None:
         int(ds.attrs.get("best_start", 0))
     except (TypeError, ValueError) as e:
         raise _damaged(path, f"an attribute is not a number ({e})") from None
+    _check_information(ds, path)
     if iterations < 0 or iterations != ds.attrs["iterations"]:
         raise _damaged(path, f"'iterations' = {ds.attrs['iterations']}")
     if iterations < ds["loss_history"].size:
@@ -261,6 +282,23 @@ def _check_stored(ds: xr.Dataset, path) -> None:
             path, f"'coefficient_free' marks a number of free values other than {n}"
         )
     _check_model_text(ds, path)
+
+
+def _check_information(ds: xr.Dataset, path) -> None:
+    """The log-likelihood, AIC, BIC and counts, where the file has them: numbers
+    (counts whole and >= 0)."""
+    a = ds.attrs
+    for k in (*INFORMATION_FLOATS, *INFORMATION_COUNTS):
+        if k not in a:
+            continue
+        try:
+            value = float(a[k])
+        except (TypeError, ValueError):
+            raise _damaged(
+                path, f"attribute '{k}' is not a number ({a[k]!r})"
+            ) from None
+        if k in INFORMATION_COUNTS and not (value >= 0 and value == int(value)):
+            raise _damaged(path, f"'{k}' = {a[k]} is not a count")
 
 
 def _check_model_text(ds: xr.Dataset, path) -> None:
@@ -404,7 +442,18 @@ def _stored_fields(ds: xr.Dataset, path) -> dict[str, Any]:
         model_text=str(a.get("model_text", "")),
         hashes={k: a[k] for k in ("model_sha256", "data_sha256") if k in a},
         versions=_prefixed(a, "version_", lambda v: v),
+        **{k: float(a.get(k, np.nan)) for k in INFORMATION_FLOATS},
+        **{k: int(a[k]) if k in a else None for k in INFORMATION_COUNTS},
+        notes=_stored_notes(ds, path),
     )
+
+
+def _stored_notes(ds: xr.Dataset, path) -> list[str]:
+    """The fit's notes (none in a file written before them)."""
+    notes = json.loads(ds.attrs["notes"]) if "notes" in ds.attrs else []
+    if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
+        raise _damaged(path, "attribute 'notes' is not a JSON list of strings")
+    return notes
 
 
 def _prefixed(attrs: dict, prefix: str, convert) -> dict[str, Any]:

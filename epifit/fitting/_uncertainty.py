@@ -9,12 +9,13 @@ log-likelihood (plus log-prior) at the optimum:
   sensitivities) and `J_p` that of the prior/penalty residuals.
 * `hessian`: `jax.hessian` of the loss (forward over reverse mode).
 
-For gaussian observations the loss is a weighted sum of squares, not a
+For least_squares observations the loss is a weighted sum of squares, not a
 likelihood: the residual variance is estimated as `s² = SSR / (n - p)` (`n`
 observed points, `p` free parameters), as in nonlinear regression, so that the
 intervals reflect the scatter of the data (`noise = "estimate"`, the default
-for all-gaussian fits). With `noise = "known"` the weights are taken as
-`1 / (2 σ²)` and the loss as the negative log-likelihood.
+for all-least_squares fits). With `noise = "known"` the weights are taken as
+`1 / (2 σ²)` and the loss as the negative log-likelihood. A `gaussian`
+observation (with its `sd`) is a likelihood already: nothing is estimated.
 
 Intervals on the constrained scale map the normal quantiles of `x` through the
 (monotone) transform, so they respect bounds; standard errors are the delta
@@ -48,8 +49,8 @@ class Laplace:
         method: `gauss_newton` or `hessian`.
         covariance: `(n, n)` covariance of the free vector.
         precision: `(n, n)` the matrix inverted (`H`).
-        noise_variance: the estimated residual variance `s²` (gaussian
-            least squares with estimated noise), else None.
+        noise_variance: the estimated residual variance `s²`
+            (least_squares observations with estimated noise), else None.
         message: a note when the Hessian was not positive definite, else "".
     """
 
@@ -78,7 +79,7 @@ def laplace(
         data: the objective's traced data.
         method: `auto` (`gauss_newton` for least squares, else `hessian`),
             `gauss_newton` or `hessian`.
-        noise: `auto`/`estimate` (gaussian observations: estimate the
+        noise: `auto`/`estimate` (least_squares observations: estimate the
             residual variance) or `known` (the weights are `1 / (2 σ²)`).
         jacobian: `(r, J)` at `x` when already computed (Gauss-Newton).
         loss: the loss at `x` when already computed (saves a solve).
@@ -89,7 +90,8 @@ def laplace(
     estimate = objective.gaussian_data and noise in ("auto", "estimate")
     if noise == "estimate" and not objective.gaussian_data:
         raise ValueError(
-            "noise = 'estimate' applies to gaussian observations only; this fit has "
+            "noise = 'estimate' applies to least_squares observations only; this "
+            "fit has "
             f"{sorted({o.family for o in objective.observations})} observations."
         )
     s2 = None
