@@ -18,6 +18,7 @@ import abc
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.scipy.special import gammaln
 from jaxtyping import Array, ArrayLike, Bool, Float, Real
 
