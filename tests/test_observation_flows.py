@@ -558,3 +558,22 @@ def test_the_builder_writes_the_same_observations_as_toml():
     obs = dict(REPORTED["observations"][0])
     b = b.observation(obs.pop("name"), obs.pop("kind"), **obs)
     assert b.build() == load(REPORTED)
+
+
+@pytest.mark.parametrize("name", ["seir_reporting", "seir_weekly"])
+def test_forecasts_report_the_observations_as_the_fit_compares_them(name):
+    from epifit.forecasting import forecast
+
+    ds = _worked_dataset(name, 63)
+    problem = Problem(f"models/{name}.toml", ds)
+    params = problem.init_params()
+    fc = forecast(problem, params=params, samples=0, days=14, rtol=1e-10, atol=1e-10)
+    estimate = fc["estimate_cases"].isel(scenario=0).values[:, 0]
+    assert estimate.shape == (problem.ts.size + 14,)
+    assert np.all(np.isfinite(estimate[problem.ts.size :]))  # past the data
+    sol = problem.solve(params, TIGHT)
+    days = problem.stamps["cases"].days
+    want = np.asarray(problem.predict(params, sol.ys)["cases"][:, 0])
+    np.testing.assert_allclose(estimate[days], want, rtol=1e-7)
+    first = 1 + (6 if name == "seir_weekly" else 0)  # a week's sum from day 7
+    assert np.isnan(estimate[:first]).all() and np.isfinite(estimate[first:]).all()
