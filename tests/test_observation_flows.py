@@ -577,3 +577,36 @@ def test_forecasts_report_the_observations_as_the_fit_compares_them(name):
     np.testing.assert_allclose(estimate[days], want, rtol=1e-7)
     first = 1 + (6 if name == "seir_weekly" else 0)  # a week's sum from day 7
     assert np.isnan(estimate[:first]).all() and np.isfinite(estimate[first:]).all()
+
+
+@pytest.mark.slow
+def test_a_weekly_csv_goes_through_import_and_calibrate(tmp_path, capsys):
+    """CSV -> `epifit data import` (kept weekly, period 7) -> `epifit calibrate`
+    of the weekly model: the fitted weekly totals follow the data."""
+    import json
+
+    from epifit.cli import main
+
+    weeks = 16
+    ds = _worked_dataset("seir_weekly", 7 * weeks)
+    problem = Problem("models/seir_weekly.toml", ds)
+    params = problem.init_params()
+    totals = np.asarray(
+        problem.predict(params, problem.solve(params, TIGHT).ys)["cases"]
+    )
+    counts = np.random.default_rng(3).poisson(totals[:, 0])
+    dates = pd.DatetimeIndex(ds.time.values).strftime("%Y-%m-%d")
+    # the first date's total (the week before the data) is not known: empty
+    rows = [f"{dates[0]},\n"]
+    rows += [f"{d},{c}\n" for d, c in zip(dates[1:], counts, strict=True)]
+    table = tmp_path / "weekly.csv"
+    table.write_text("date,cases\n" + "".join(rows))
+    assert main(["data", "import", str(table), "--out", str(tmp_path / "w.nc")]) == 0
+    argv = ["calibrate", "models/seir_weekly.toml", "--data", str(tmp_path / "w.nc")]
+    argv += ["--out", str(tmp_path / "FIT.nc"), "--no-progress", "--json"]
+    capsys.readouterr()
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["parameters"]["beta"] == pytest.approx(0.5, rel=0.05)
+    assert out["parameters"]["gamma"] == pytest.approx(0.2, rel=0.05)
+    assert out["n_data"] == weeks - 1  # the first date has no prediction
