@@ -237,7 +237,7 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
         plist = [params]
     cov = data["covariates"]
     run = ModelRun(model, np.arange(T, dtype=np.float64), n, cfg.dtype, cfg.settings)
-    y0 = run.initial_state(plist[0], data["initial"])
+    y0 = run.initial_state(plist[0], data["initial"], cov)
     pre = [run.precompute(p, cov) for p in plist]
     args, inputs = _assemble(cfg, pre, data)
     sol = run.integrate(y0, args, inputs, throw=False)

@@ -52,10 +52,26 @@ class ModelRun:
     settings: SolverSettings = dataclasses.field(default_factory=SolverSettings)
     broadcast_rates: bool = True
 
-    def initial_state(self, params, data: Mapping[str, Any] | None):
-        """`y0 = {compartment: (stage, patch)}` from the parameters and the
-        initial data (`CompiledModel.initial_state`), in `dtype`."""
-        y0 = self.model.initial_state(params, data, self.n_patches)
+    def initial_state(
+        self,
+        params,
+        data: Mapping[str, Any] | None,
+        covariates: Mapping[str, Any] | None = None,
+    ):
+        """`y0 = {compartment: (stage, patch)}` from the parameters, the
+        initial data and the `(patch,)` covariates an `[initial]` expression
+        may read (a `population`; `CompiledModel.initial_state`), in `dtype`."""
+        static = {
+            c.name: covariates[c.name]
+            for c in self.model.spec.covariates
+            if covariates is not None
+            and c.name in covariates
+            and not c.time_varying
+            and c.dims[-1:] != ("patch_to",)
+        }
+        y0 = self.model.initial_state(
+            params, {**static, **(data or {})}, self.n_patches
+        )
         return {k: v.astype(self.dtype) for k, v in y0.items()}
 
     def precompute(
@@ -89,6 +105,6 @@ class ModelRun:
     ) -> Solution:
         """Solve at `params` (unconstrained) with these covariates and initial
         data: `initial_state`, `precompute`, `integrate`."""
-        y0 = self.initial_state(params, initial)
+        y0 = self.initial_state(params, initial, covariates)
         args, inputs = self.precompute(params, covariates)
         return self.integrate(y0, args, inputs, throw=throw)
