@@ -154,7 +154,8 @@ def _draw_series(
             ax.plot(t, y, "o", ms=3, color="0.2", label="observed")
         if pred is not None:
             y = ds[pred].sel(sel).values if sel else ds[pred].values
-            ax.plot(t, y, "-", color="C0", lw=1.6, label="model")
+            keep = np.isfinite(y)  # weekly totals are NaN between their dates
+            ax.plot(t[keep], y[keep], "-", color="C0", lw=1.6, label="model")
         name = title if patch is None else f"{title} — {patch}"
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)
