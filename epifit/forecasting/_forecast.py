@@ -17,7 +17,7 @@ from jax.flatten_util import ravel_pytree
 from epifit._memory import check_memory
 from epifit._paths import file_sha256
 from epifit.data import FEATURE
-from epifit.fitting import FitResult, leaf_labels
+from epifit.fitting import FitResult, problem_labels
 from epifit.forecasting._bind import BoundScenarios, bind_scenarios
 from epifit.forecasting._ensemble import (
     EnsembleConfig,
@@ -377,8 +377,7 @@ def _draws(problem: Problem, template, fit_obj, cov, samples, seed) -> np.ndarra
     against the fit's parameter labels, for a fit)."""
     x_hat = np.asarray(ravel_pytree(template[0])[0], np.float64)
     if fit_obj is not None:
-        per_patch = {p.name for p in problem.model.spec.parameters if p.per_patch}
-        labels, _ = leaf_labels(template[0], problem.patches, per_patch)
+        labels, _ = problem_labels(problem, template[0])
         if tuple(labels) != tuple(fit_obj.labels):
             raise ValueError(
                 "The fit's free parameters do not match its model's: "

@@ -158,6 +158,11 @@ def daily_values(p: ParameterSpec, x: ArrayLike, horizon: int, n_days: int) -> A
     `(day, patch)`: `transform(B @ x)`."""
     x = jnp.asarray(x)
     B = jnp.asarray(basis_matrix(p.per_time, horizon, n_days), x.dtype)
+    if x.ndim not in (1, 2) or x.shape[0] != B.shape[1]:
+        raise ValueError(
+            f"time-varying parameter {p.name!r} has coefficients of shape "
+            f"{x.shape}; over {horizon} days it has {B.shape[1]} along time"
+        )
     return constrain(p.transform, B @ x, *p.bounds)
 
 
