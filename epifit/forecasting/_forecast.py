@@ -350,6 +350,10 @@ def _bind(problem: Problem, params, sset, horizon, baseline) -> BoundScenarios:
     labels of the dataset, when it has them)."""
     model = problem.model
     values = jax.tree.map(np.asarray, model.constrain(params))
+    # a change of a time-varying parameter sets or scales its daily value,
+    # checked against the value on the last fitted day
+    for name, daily in model.daily_values(params).items():
+        values[name] = np.asarray(daily[-1])
     feature_labels = {}
     ds_in = problem.dataset
     if ds_in is not None and FEATURE in ds_in.coords:

@@ -22,6 +22,7 @@ from epifit.model._per_time import coefficient_labels as coefficient_labels
 from epifit.model._per_time import constrain_coefficients as constrain_coefficients
 from epifit.model._per_time import random_walk_nll as random_walk_nll
 from epifit.model._per_time import random_walk_residuals as random_walk_residuals
+from epifit.model._per_time import unconstrain_coefficients as unconstrain_coefficients
 from epifit.model._serialize import parameters_json as parameters_json
 from epifit.model._spec import BranchSpec as BranchSpec
 from epifit.model._spec import CompartmentSpec as CompartmentSpec

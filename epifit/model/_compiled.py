@@ -200,6 +200,14 @@ class CompiledModel(eqx.Module):
                 params[n.name] = make_mlp(n, key=k)
         return params
 
+    def coefficients_at(self, name: str, value: ArrayLike) -> Array:
+        """The coefficients of time-varying parameter `name` whose value is
+        the constrained `value` (`()`, or `(patch,)` when per patch) on every
+        day."""
+        p = {q.name: q for q in self.spec.parameters}[name]
+        x = unconstrain(p.transform, jnp.asarray(value), *p.bounds)
+        return self._constant_coefficients(p, x)
+
     def _constant_coefficients(self, p, x: Array) -> Array:
         """Coefficients of a time-varying parameter constant at the
         unconstrained value `x` (`()` or `(patch,)`): levels `x`, amplitudes 0."""
