@@ -350,10 +350,8 @@ def _bind(problem: Problem, params, sset, horizon, baseline) -> BoundScenarios:
     labels of the dataset, when it has them)."""
     model = problem.model
     values = jax.tree.map(np.asarray, model.constrain(params))
-    # a change of a time-varying parameter sets or scales its daily value,
-    # checked against the value on the last fitted day
-    for name, daily in model.daily_values(params).items():
-        values[name] = np.asarray(daily[-1])
+    # a time-varying parameter's change is checked at its last fitted value
+    values |= {k: np.asarray(v[-1]) for k, v in model.daily_values(params).items()}
     feature_labels = {}
     ds_in = problem.dataset
     if ds_in is not None and FEATURE in ds_in.coords:
