@@ -44,7 +44,7 @@ from epifit.fitting._optimize import (
     Carry,
     Optimizer,
 )
-from epifit.fitting._parameters import constrained_dict, free_entries, leaf_labels
+from epifit.fitting._parameters import constrained_dict, free_entries, problem_labels
 from epifit.fitting._progress import ProgressBar, progress_enabled
 from epifit.fitting._resolve import FitSetup, fit_config, resolve_fit
 from epifit.fitting._result import FitResult, library_versions
@@ -470,8 +470,7 @@ def _coefficients(problem: Problem, fitted) -> dict[str, Any]:
     """Every array element of the fitted parameters (free or fixed), their
     labels and which are free: enough to rebuild `params` from a file."""
     arrays, _ = eqx.partition(fitted, eqx.is_inexact_array)
-    per_patch = {p.name for p in problem.spec.parameters if p.per_patch}
-    labels, _ = leaf_labels(arrays, problem.patches, per_patch)
+    labels, _ = problem_labels(problem, arrays)
     return dict(
         coefficients=np.asarray(ravel_pytree(arrays)[0]),
         coefficient_labels=tuple(labels),

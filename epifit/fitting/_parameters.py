@@ -27,6 +27,7 @@ from jaxtyping import Array, Float
 from epifit._toml import read_values_file
 from epifit.fitting._config import FitConfig, FitConfigError, PriorConfig
 from epifit.fitting._result import FitResult
+from epifit.model import coefficient_labels, random_walk_nll, random_walk_residuals
 from epifit.simulation import Problem, load_params
 
 __all__ = [
@@ -36,6 +37,8 @@ __all__ = [
     "LogNormal",
     "Normal",
     "make_prior",
+    "problem_labels",
+    "time_labels",
 ]
 
 
@@ -98,15 +101,42 @@ def make_prior(config: PriorConfig) -> AbstractPrior:
 
 
 # --------------------------------------------------------------- free parameters
-def leaf_labels(tree, patches, per_patch) -> tuple[list[str], list[str]]:
+def time_labels(model) -> dict[str, list[str]]:
+    """The labels along time of each time-varying parameter's coefficients
+    (`t0, t1, ...`; `c0, a1, b1, ...` for a periodic one)."""
+    return {
+        p.name: coefficient_labels(p.per_time, model.n_coefficients(p.name))
+        for p in model.spec.parameters
+        if p.per_time is not None
+    }
+
+
+def problem_labels(problem: Problem, tree) -> tuple[list[str], list[str]]:
+    """[`leaf_labels`][] of a parameter pytree of `problem`'s model."""
+    per_patch = {p.name for p in problem.spec.parameters if p.per_patch}
+    return leaf_labels(tree, problem.patches, per_patch, time_labels(problem.model))
+
+
+def leaf_labels(
+    tree, patches, per_patch, per_time: Mapping[str, list[str]] | None = None
+) -> tuple[list[str], list[str]]:
     """A label for every element of every array leaf of a parameter pytree (in
-    `ravel_pytree` order) and the parameter each belongs to."""
+    `ravel_pytree` order) and the parameter each belongs to; the coefficients
+    of a time-varying parameter (`per_time`: name -> labels along time, see
+    [`time_labels`][]) are `beta[t0]`, or `beta[t0, north]` per patch."""
     labels, names = [], []
+    per_time = per_time or {}
     for path, leaf in jtu.tree_flatten_with_path(tree)[0]:
         name = str(path[0].key)
         base = name + jtu.keystr(tuple(path[1:]))
         arr = np.asarray(leaf)
-        if name in per_patch and arr.ndim == 1:
+        if name in per_time:
+            along = per_time[name]
+            if arr.ndim == 2:
+                labels += [f"{name}[{t}, {p}]" for t in along for p in patches]
+            else:
+                labels += [f"{name}[{t}]" for t in along]
+        elif name in per_patch and arr.ndim == 1:
             labels += [f"{name}[{p}]" for p in patches]
         elif arr.ndim == 0:
             labels.append(base)
@@ -140,8 +170,7 @@ class FreeParameters:
         self.x0, self._unravel = ravel_pytree(free)
         self.rest, self._static = eqx.partition(rest, eqx.is_array)
         self.n = int(self.x0.size)
-        per_patch = {p.name for p in problem.spec.parameters if p.per_patch}
-        labels, names = leaf_labels(free, problem.patches, per_patch)
+        labels, names = problem_labels(problem, free)
         self.labels = tuple(labels)
         self.names = tuple(names)
         config = FitConfig() if config is None else config
@@ -152,7 +181,15 @@ class FreeParameters:
                 self.priors[name] = make_prior(o.prior)
             if o.l2:
                 self.l2[name] = float(o.l2)
-        self.least_squares_penalty = all(
+        # random-walk priors of the free time-varying parameters
+        self.smoothing = {
+            p.name: p.smoothing
+            for p in problem.spec.parameters
+            if p.smoothing is not None and not p.fixed
+        }
+        # a smoothing prior's exact density has a constant that no sum of
+        # squares holds: the default methods then use the exact loss
+        self.least_squares_penalty = not self.smoothing and all(
             isinstance(p, AbstractGaussianPrior) for p in self.priors.values()
         )
 
@@ -166,11 +203,15 @@ class FreeParameters:
         return ravel_pytree(free)[0]
 
     def penalty(self, x, rest) -> Float[Array, ""]:
-        """Negative log-prior plus L2 penalties (0 when there are none)."""
+        """Negative log-prior plus L2 penalties (0 when there are none), the
+        random-walk priors of time-varying parameters included (their exact
+        negative log-density, on the unconstrained coefficients)."""
         total = jnp.zeros((), self.x0.dtype)
-        if not (self.priors or self.l2):
+        if not (self.priors or self.l2 or self.smoothing):
             return total
         params = self.params(x, rest)
+        for name, smoothing in self.smoothing.items():
+            total = total + random_walk_nll(smoothing, params[name])
         if self.priors:
             values = self.problem.model.constrain(params)
             for name, prior in self.priors.items():
@@ -181,9 +222,13 @@ class FreeParameters:
         return total
 
     def penalty_residuals(self, x, rest) -> Float[Array, " m"]:
-        """Residuals whose sum of squares is `penalty` (Gaussian priors and L2)."""
+        """Residuals whose sum of squares is `penalty` (Gaussian priors and L2;
+        a random-walk prior's up to its constant, `log(sd) + log(2 pi) / 2`
+        per increment)."""
         parts = [jnp.zeros((0,), self.x0.dtype)]
         params = self.params(x, rest)
+        for name, smoothing in self.smoothing.items():
+            parts.append(random_walk_residuals(smoothing, params[name]))
         if self.priors:
             values = self.problem.model.constrain(params)
             for name, prior in self.priors.items():

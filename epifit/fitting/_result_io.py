@@ -44,6 +44,7 @@ def fit_dataset(fit: Any) -> xr.Dataset:
     ds = _with_histories(ds, fit)
     ds = _with_table(ds, fit.table, fit.uncertainty.get("level", 0.95))
     ds = _with_coefficients(ds, fit)
+    ds = _with_daily(ds, fit)
     ds.attrs = _attributes(fit, dict(ds.attrs))
     return ds
 
@@ -119,6 +120,23 @@ def _with_coefficients(ds: xr.Dataset, fit: Any) -> xr.Dataset:
     ds = ds.assign_coords(start=("start", np.arange(len(fit.start_losses))))
     ds["start_loss"] = ("start", np.asarray(fit.start_losses, float))
     ds["start_initial_loss"] = ("start", np.asarray(fit.initial_losses, float))
+    return ds
+
+
+def _with_daily(ds: xr.Dataset, fit: Any) -> xr.Dataset:
+    """`NAME_daily (time[, patch])`: the fitted value of each time-varying
+    parameter on every day (kept as read when the fit has no problem)."""
+    model = None if fit.problem is None else fit.problem.model
+    if model is None or not model.time_varying_parameters:
+        return ds
+    daily = model.daily_values(fit.params, ds.sizes[TIME])
+    for name, v in daily.items():
+        dims = (TIME, PATCH) if np.ndim(v) == 2 else (TIME,)
+        ds[f"{name}_daily"] = (
+            dims,
+            np.asarray(v, float),
+            {"long_name": f"fitted daily value of time-varying parameter '{name}'"},
+        )
     return ds
 
 
@@ -198,7 +216,8 @@ def read_fit(
     spec = _stored_spec(ds, path, model)
     n_patches = int(ds.sizes[PATCH])
     spec = override_spec(spec, parse_fit_config(fit_config), n_patches)
-    compiled = compile_model(spec)
+    # time-varying parameters span the fitted days (the trajectories' days)
+    compiled = compile_model(spec).bind_days(int(ds.sizes.get(TIME, 1)))
     params, coefficients = _stored_params(ds, path, compiled, n_patches)
     values = compiled.constrain(params)
     neural = {n.name for n in spec.neural}

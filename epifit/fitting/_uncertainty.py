@@ -36,7 +36,8 @@ import numpy as np
 
 from epifit._jit import jit
 from epifit.fitting._objective import Objective
-from epifit.model import constrain
+from epifit.fitting._parameters import time_labels
+from epifit.model import constrain, constrain_coefficients
 
 __all__ = ["Laplace", "interval_note", "laplace", "parameter_table"]
 
@@ -197,6 +198,9 @@ def _table_arrays(objective: Objective, x, se_x, data, z):
             if idx.size == 0:
                 continue
             xp, sp = x[idx], se_x[idx]
+            if p.per_time is not None:
+                ends[p.name] = _coefficient_ends(p, values[p.name], xp, sp, z)
+                continue
             c = lambda u, p=p: constrain(p.transform, u, *p.bounds)  # noqa: E731
             ends[p.name] = (
                 jax.vmap(jax.grad(c))(xp),
@@ -215,6 +219,29 @@ def _table_arrays(objective: Objective, x, se_x, data, z):
         return out
 
     return jax.tree.map(np.asarray, jit(fn)(x, se_x, data["rest"]))
+
+
+def _coefficient_ends(p, value, xp, sp, z):
+    """`(dc/dx, c(x - z se), c(x + z se))` of a time-varying parameter's
+    coefficients, flat (the map is elementwise: its Jacobian is diagonal)."""
+    shape = jnp.shape(value)
+
+    def c(u):
+        return jnp.ravel(constrain_coefficients(p, u.reshape(shape)))
+
+    slope = jax.jvp(c, (xp,), (jnp.ones_like(xp),))[1]
+    return slope, c(xp - z * sp), c(xp + z * sp)
+
+
+def _entries(p, v: np.ndarray, patches, along) -> list[tuple[str, str]]:
+    """`(label, patch)` of each element of a parameter's value, flat."""
+    if p.per_time is not None:
+        if v.ndim == 2:
+            return [(f"{p.name}[{t}, {q}]", q) for t in along for q in patches]
+        return [(f"{p.name}[{t}]", "") for t in along]
+    if p.per_patch and v.ndim == 1:
+        return [(f"{p.name}[{q}]", q) for q in patches]
+    return [(p.name, "")]
 
 
 def parameter_table(
@@ -237,18 +264,18 @@ def parameter_table(
         se_x = np.sqrt(np.clip(np.diag(cov), 0.0, np.inf))
     arrays = _table_arrays(objective, jnp.asarray(x), jnp.asarray(se_x), data, z)
     names = np.asarray(free.names)
+    along = time_labels(problem.model)
     rows = []
     for p in problem.spec.parameters:
         v = np.asarray(arrays["values"][p.name], np.float64)
-        per = p.per_patch and v.ndim == 1
-        labels = [f"{p.name}[{q}]" for q in problem.patches] if per else [p.name]
+        entries = _entries(p, v, problem.patches, along.get(p.name))
         idx = np.flatnonzero(names == p.name)
-        for j, label in enumerate(labels):
-            est = float(v[j] if per else v)
+        for j, (label, patch) in enumerate(entries):
+            est = float(np.ravel(v)[j])
             row = dict(
                 label=label,
                 name=p.name,
-                patch=problem.patches[j] if per else "",
+                patch=patch,
                 kind="free" if idx.size else "fixed",
                 estimate=est,
                 se=0.0,

@@ -35,7 +35,12 @@ from jax.flatten_util import ravel_pytree
 
 from epifit._jit import jit
 from epifit._vmap import vmap_batch
-from epifit.model import CompiledModel, unconstrain
+from epifit.model import (
+    CompiledModel,
+    constrain_coefficients,
+    unconstrain,
+    unconstrain_coefficients,
+)
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PiecewiseConstant
 from epifit.simulation import ModelRun, SolverSettings, period_sums
 
@@ -174,10 +179,30 @@ def _modify(cfg: EnsembleConfig, params, changes, j: int):
         keep = jnp.isnan(value)
         target = jnp.where(keep, scale * values[name], value)
         lo, hi = p.bounds
+        if p.per_time is not None:
+            out[name] = _modify_coefficients(cfg.model, p, params[name], scale, value)
+            continue
         target = jnp.clip(target, lo, hi)
         new = unconstrain(p.transform, target, lo, hi).astype(params[name].dtype)
         out[name] = jnp.where(keep & (scale == 1.0), params[name], new)
     return out
+
+
+def _modify_coefficients(model: CompiledModel, p, x, scale, value):
+    """The coefficients of a time-varying parameter whose daily value is
+    replaced by `value` (`()` or `(patch,)`: constant coefficients) or, for
+    pieces, scaled by `scale` (each piece's value scaled); NaN keeps."""
+    lo, hi = p.bounds
+    full = lambda a: jnp.broadcast_to(a, x.shape)  # noqa: E731
+    keep = full(jnp.isnan(value))
+    inside = float(np.ravel(np.asarray(p.value, np.float64))[0])
+    safe = jnp.where(jnp.isnan(value), inside, jnp.clip(value, lo, hi))
+    replaced = model.coefficients_at(p.name, safe)
+    scaled = unconstrain_coefficients(
+        p, jnp.clip(full(scale) * constrain_coefficients(p, x), lo, hi)
+    )
+    new = jnp.where(keep, scaled, replaced.astype(x.dtype)).astype(x.dtype)
+    return jnp.where(keep & full(scale == 1.0), x, new)
 
 
 def _assemble(cfg: EnsembleConfig, pre, data):

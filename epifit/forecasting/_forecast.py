@@ -17,7 +17,7 @@ from jax.flatten_util import ravel_pytree
 from epifit._memory import check_memory
 from epifit._paths import file_sha256
 from epifit.data import FEATURE
-from epifit.fitting import FitResult, leaf_labels
+from epifit.fitting import FitResult, problem_labels
 from epifit.forecasting._bind import BoundScenarios, bind_scenarios
 from epifit.forecasting._ensemble import (
     EnsembleConfig,
@@ -350,6 +350,8 @@ def _bind(problem: Problem, params, sset, horizon, baseline) -> BoundScenarios:
     labels of the dataset, when it has them)."""
     model = problem.model
     values = jax.tree.map(np.asarray, model.constrain(params))
+    # a time-varying parameter's change is checked at its last fitted value
+    values |= {k: np.asarray(v[-1]) for k, v in model.daily_values(params).items()}
     feature_labels = {}
     ds_in = problem.dataset
     if ds_in is not None and FEATURE in ds_in.coords:
@@ -377,8 +379,7 @@ def _draws(problem: Problem, template, fit_obj, cov, samples, seed) -> np.ndarra
     against the fit's parameter labels, for a fit)."""
     x_hat = np.asarray(ravel_pytree(template[0])[0], np.float64)
     if fit_obj is not None:
-        per_patch = {p.name for p in problem.model.spec.parameters if p.per_patch}
-        labels, _ = leaf_labels(template[0], problem.patches, per_patch)
+        labels, _ = problem_labels(problem, template[0])
         if tuple(labels) != tuple(fit_obj.labels):
             raise ValueError(
                 "The fit's free parameters do not match its model's: "

@@ -18,6 +18,11 @@ from epifit.model._expression import Expression as Expression
 from epifit.model._expression import parse_expression as parse_expression
 from epifit.model._load import load_model as load_model
 from epifit.model._load import loads_model as loads_model
+from epifit.model._per_time import coefficient_labels as coefficient_labels
+from epifit.model._per_time import constrain_coefficients as constrain_coefficients
+from epifit.model._per_time import random_walk_nll as random_walk_nll
+from epifit.model._per_time import random_walk_residuals as random_walk_residuals
+from epifit.model._per_time import unconstrain_coefficients as unconstrain_coefficients
 from epifit.model._serialize import parameters_json as parameters_json
 from epifit.model._spec import BranchSpec as BranchSpec
 from epifit.model._spec import CompartmentSpec as CompartmentSpec
@@ -32,6 +37,8 @@ from epifit.model._spec import ModelSpec as ModelSpec
 from epifit.model._spec import NeuralSpec as NeuralSpec
 from epifit.model._spec import ObservationSpec as ObservationSpec
 from epifit.model._spec import ParameterSpec as ParameterSpec
+from epifit.model._spec import SmoothingSpec as SmoothingSpec
+from epifit.model._spec import TimeBasisSpec as TimeBasisSpec
 from epifit.model._spec import TransitionSpec as TransitionSpec
 from epifit.model._transform import TRANSFORMS as TRANSFORMS
 from epifit.model._transform import bounds_error as bounds_error

@@ -77,8 +77,12 @@ class ModelBuilder:
         bounds: Sequence[float] | None = None,
         fixed: bool | None = None,
         per_patch: bool | None = None,
+        per_time: int | Mapping[str, Any] | None = None,
+        smoothing: Mapping[str, Any] | None = None,
     ) -> ModelBuilder:
-        """A parameter; `value` is on the constrained scale."""
+        """A parameter; `value` is on the constrained scale; `per_time` and
+        `smoothing` as in a model file (`7`, `{"kind": "spline", "knots":
+        10}`, `{"kind": "random_walk", "sd": 0.2}`)."""
         if isinstance(value, Sequence) and not isinstance(value, str):
             value = list(value)
         if bounds is not None and isinstance(bounds, Sequence):
@@ -92,6 +96,8 @@ class ModelBuilder:
                 bounds=bounds,
                 fixed=fixed,
                 per_patch=per_patch,
+                per_time=dict(per_time) if isinstance(per_time, Mapping) else per_time,
+                smoothing=None if smoothing is None else dict(smoothing),
             ),
         )
 

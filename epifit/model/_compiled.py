@@ -29,6 +29,13 @@ from epifit.model._initial import initial_state_of
 from epifit.model._load import load_model
 from epifit.model._neural import make_mlp
 from epifit.model._observation import flow_key, quantity, report
+from epifit.model._per_time import (
+    constrain_coefficients,
+    daily_values,
+    level_mask,
+    n_coefficients,
+    unconstrain_coefficients,
+)
 from epifit.model._plan import Plan, make_plan
 from epifit.model._precompute import args_and_inputs, covariate_arrays, day_rule
 from epifit.model._section import range_violations
@@ -67,10 +74,61 @@ class CompiledModel(eqx.Module):
 
     spec: ModelSpec = eqx.field(static=True)
     plan: Plan = eqx.field(static=True)
+    days: int | None = eqx.field(static=True)
 
-    def __init__(self, spec: ModelSpec):
+    def __init__(self, spec: ModelSpec, days: int | None = None):
         self.spec = spec
         self.plan = make_plan(spec)
+        self.days = None if days is None else int(days)
+
+    def bind_days(self, days: int) -> CompiledModel:
+        """This model bound to `days` days (`Problem` does it with the days it
+        solves): the number of pieces of a time-varying parameter
+        (`ceil(days / per_time)`) and the span of its spline follow from
+        them. A model without time-varying parameters is returned as is."""
+        if not self.time_varying_parameters or days == self.days:
+            return self
+        if isinstance(days, bool) or not isinstance(days, int | np.integer):
+            raise TypeError(f"days must be an int, got {days!r}")
+        if days < 1:
+            raise ValueError(f"days must be >= 1, got {days}")
+        return CompiledModel(self.spec, int(days))
+
+    @property
+    def time_varying_parameters(self) -> tuple[str, ...]:
+        """The parameters with `per_time`, in spec order."""
+        return tuple(p.name for p in self.spec.parameters if p.per_time is not None)
+
+    def _horizon(self) -> int:
+        if self.days is None:
+            names = join(repr(n) for n in self.time_varying_parameters)
+            raise ValueError(
+                f"parameter(s) {names} of model '{self.spec.name}' vary in time "
+                "(per_time): their coefficients follow from the number of days; "
+                "bind the model to its days first (model.bind_days(n_days), "
+                "which epifit.simulation.Problem does)"
+            )
+        return self.days
+
+    def n_coefficients(self, name: str) -> int:
+        """The coefficients along time of time-varying parameter `name`."""
+        p = {q.name: q for q in self.spec.parameters}[name]
+        return n_coefficients(p.per_time, self._horizon())
+
+    def daily_values(
+        self, params: Params, n_days: int | None = None
+    ) -> dict[str, Array]:
+        """The constrained value of every time-varying parameter on days
+        `0 .. n_days - 1` (default the bound days), `(day,)` or `(day,
+        patch)`; past the bound days pieces and splines keep their last
+        value, a periodic parameter goes on with its period."""
+        horizon = self._horizon() if self.time_varying_parameters else 0
+        n = horizon if n_days is None else int(n_days)
+        return {
+            p.name: daily_values(p, params[p.name], horizon, n)
+            for p in self.spec.parameters
+            if p.per_time is not None
+        }
 
     # -- description ------------------------------------------------------------
     @property
@@ -132,6 +190,8 @@ class CompiledModel(eqx.Module):
                     )
                 value = np.broadcast_to(value, (n_patches,))
             x = unconstrain(p.transform, jnp.asarray(value, float), *p.bounds)
+            if p.per_time is not None:
+                x = self._constant_coefficients(p, x)
             params[p.name] = x
         if self.spec.neural:
             key = jr.key(0) if key is None else key
@@ -139,6 +199,22 @@ class CompiledModel(eqx.Module):
             for k, n in zip(keys, self.spec.neural, strict=True):
                 params[n.name] = make_mlp(n, key=k)
         return params
+
+    def coefficients_at(self, name: str, value: ArrayLike) -> Array:
+        """The coefficients of time-varying parameter `name` whose value is
+        the constrained `value` (`()`, or `(patch,)` when per patch) on every
+        day."""
+        p = {q.name: q for q in self.spec.parameters}[name]
+        x = unconstrain(p.transform, jnp.asarray(value), *p.bounds)
+        return self._constant_coefficients(p, x)
+
+    def _constant_coefficients(self, p, x: Array) -> Array:
+        """Coefficients of a time-varying parameter constant at the
+        unconstrained value `x` (`()` or `(patch,)`): levels `x`, amplitudes 0."""
+        K = n_coefficients(p.per_time, self._horizon())
+        x = jnp.broadcast_to(x, (K, *jnp.shape(x)))
+        levels = level_mask(p.per_time, K).reshape((K,) + (1,) * (x.ndim - 1))
+        return jnp.where(levels, x, 0.0)
 
     def _check_params(self, params: Mapping[str, Any], what: str) -> None:
         expected = [p.name for p in self.spec.parameters]
@@ -157,7 +233,10 @@ class CompiledModel(eqx.Module):
         self._check_params(params, "params")
         out: dict[str, Any] = {}
         for p in self.spec.parameters:
-            out[p.name] = constrain(p.transform, params[p.name], *p.bounds)
+            if p.per_time is not None:
+                out[p.name] = constrain_coefficients(p, params[p.name])
+            else:
+                out[p.name] = constrain(p.transform, params[p.name], *p.bounds)
         for n in self.spec.neural:
             out[n.name] = params[n.name]
         derived = {d.name: d.expression for d in self.spec.derived}
@@ -171,12 +250,19 @@ class CompiledModel(eqx.Module):
         `values` (parameters and derived quantities, concrete: e.g.
         `constrain(params)` at a fitted point) break, as sentences naming the
         field and the expression. The same checks the model file got at its
-        initial values; expressions that read covariates are skipped. Cost:
-        one NumPy evaluation per checked expression, outside any solve."""
+        initial values; expressions that read covariates or time-varying
+        parameters are skipped. Cost: one NumPy evaluation per checked
+        expression, outside any solve."""
+        skip = set(self.time_varying_parameters)
+        values = {k: v for k, v in values.items() if k not in skip}
         return range_violations(self.spec.range_checks, values)
 
     def unconstrain(self, values: Mapping[str, Any]) -> Params:
         """Inverse of [`constrain`][]; derived quantities in `values` are ignored.
+
+        A time-varying parameter takes its coefficients' constrained values
+        (`(coefficient[, patch])`, as `constrain` gives them) or one value
+        (`()`, or `(patch,)` when per patch) that holds on every day.
 
         Raises:
             ValueError: for a concrete value (not traced) outside its
@@ -186,11 +272,24 @@ class CompiledModel(eqx.Module):
         self._check_params(values, "values")
         params: dict[str, Any] = {}
         for p in self.spec.parameters:
-            self._check_range(p, values[p.name])
-            params[p.name] = unconstrain(p.transform, values[p.name], *p.bounds)
+            params[p.name] = self._unconstrain(p, values[p.name])
         for n in self.spec.neural:
             params[n.name] = values[n.name]
         return params
+
+    def _unconstrain(self, p, value: Any) -> Array:
+        if p.per_time is None:
+            self._check_range(p, value)
+            return unconstrain(p.transform, value, *p.bounds)
+        full = jnp.ndim(value) == 1 + int(p.per_patch)
+        if not full:
+            self._check_range(p, value)
+            x = unconstrain(p.transform, value, *p.bounds)
+            return self._constant_coefficients(p, x)
+        if not isinstance(value, jax.core.Tracer):
+            levels = level_mask(p.per_time, np.shape(value)[0])
+            self._check_range(p, np.asarray(value, np.float64)[levels])
+        return unconstrain_coefficients(p, value)
 
     def _check_range(self, p, value: Any) -> None:
         if isinstance(value, jax.core.Tracer):
@@ -227,6 +326,7 @@ class CompiledModel(eqx.Module):
         params: Params,
         covariates: Mapping[str, ArrayLike] | None = None,
         n_patches: int | None = None,
+        n_days: int | None = None,
     ) -> tuple[Args, PiecewiseConstant | None]:
         """Everything that depends only on (parameters, day), once per solve.
 
@@ -248,10 +348,21 @@ class CompiledModel(eqx.Module):
         reverse pass of a solver step forms no reduction per use of a scalar
         (one reduction per solve instead, in this function's own reverse pass).
         That makes the compiled gradient of a step several times smaller.
+
+        Time-varying parameters (`per_time`) are evaluated on every day
+        (`daily_values`) into `inputs`, over `n_days` days (the days solved;
+        default the covariates' days, else the bound days) whose grid is the
+        covariates' (the `floor` rule without time-varying covariates).
         """
         values = self.constrain(params)
-        arrays, _, n_days = covariate_arrays(self.spec, params, covariates or {})
-        return args_and_inputs(self.spec, self.plan, values, arrays, n_days, n_patches)
+        arrays, _, n_cov = covariate_arrays(self.spec, params, covariates or {})
+        daily = None
+        if self.time_varying_parameters:
+            n_cov = max(n_cov or 0, n_days or 0) or self._horizon()
+            daily = self.daily_values(params, n_cov)
+        return args_and_inputs(
+            self.spec, self.plan, values, arrays, n_cov, n_patches, daily
+        )
 
     # -- the right-hand side --------------------------------------------------------
     def vector_field(self, t: Any, y: Y, args: Args, u: PyTree | None) -> Y:

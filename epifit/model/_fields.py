@@ -49,11 +49,18 @@ ALL_DIMS = EXPRESSION_DIMS + NEURAL_DIMS + COUPLING_DIMS
 
 PLURALS = {
     "parameter": "parameters",
+    "time-varying parameter": "time-varying parameters",
     "derived quantity": "derived quantities",
     "neural sub-model": "neural sub-models",
     "covariate": "covariates",
 }
-RATE_NAMES = ("parameter", "derived quantity", "neural sub-model", "covariate")
+RATE_NAMES = (
+    "parameter",
+    "time-varying parameter",
+    "derived quantity",
+    "neural sub-model",
+    "covariate",
+)
 STATIC_NAMES = ("parameter", "derived quantity")
 
 

@@ -21,7 +21,8 @@ class Slot:
 
     Static slots (depending on parameters and static covariates only) are
     evaluated once per solve into `args`; time-varying ones (reading a neural
-    sub-model or a time-varying covariate) once per day into `inputs`.
+    sub-model, a time-varying covariate or a time-varying parameter) once per
+    day into `inputs`.
     """
 
     key: str
@@ -107,6 +108,7 @@ def make_plan(spec: ModelSpec) -> Plan:
     """Lay out the slots and flows of a validated spec."""
     time_varying = {n.name for n in spec.neural}
     time_varying |= {c.name for c in spec.covariates if c.time_varying}
+    time_varying |= {p.name for p in spec.parameters if p.per_time is not None}
     stages = {c.name: c.stages for c in spec.compartments}
     slots: list[Slot] = []
 

@@ -58,7 +58,7 @@ def covariate_arrays(
 
     for p in spec.parameters:
         if p.per_patch and p.name in params:
-            agree(PATCH, int(jnp.shape(params[p.name])[0]), f"parameters.{p.name}")
+            agree(PATCH, int(jnp.shape(params[p.name])[-1]), f"parameters.{p.name}")
     in_sizes = {
         n.covariate: (n.in_size - int(n.time_input), n.name) for n in spec.neural
     }
@@ -104,11 +104,17 @@ def args_and_inputs(
     arrays: Mapping[str, Array],
     n_days: int | None,
     n_patches: int | None,
+    daily: Mapping[str, Array] | None = None,
 ) -> tuple[Args, PiecewiseConstant | None]:
     """`(args, inputs)` of [`CompiledModel.precompute`][epifit.model.CompiledModel]
-    from the constrained `values` and the checked covariate `arrays`."""
+    from the constrained `values`, the checked covariate `arrays` and the
+    daily values of the time-varying parameters (`daily`, `(day[, patch])`
+    over `n_days` days; time-varying covariates with fewer days carry their
+    last day forward to `n_days`)."""
     static_env = dict(values)
-    day_env: dict[str, Array] = {}
+    day_env: dict[str, Array] = dict(daily or {})
+    if daily:
+        arrays = _carry_days(spec, arrays, n_days)
     for c in spec.covariates:
         if c.dims == (PATCH,):
             static_env[c.name] = arrays[c.name]
@@ -148,6 +154,23 @@ def args_and_inputs(
     if day_rule(spec) == "nearest":
         times = times - 0.5
     return args, PiecewiseConstant(times, per_day)
+
+
+def _carry_days(spec: ModelSpec, arrays, n_days: int) -> dict[str, Array]:
+    """The time-varying covariates extended to `n_days` days by repeating
+    their last day (what `PiecewiseConstant` does past its last time)."""
+    out = dict(arrays)
+    for c in spec.covariates:
+        if not c.time_varying:
+            continue
+        a = arrays[c.name]
+        v = a.values if isinstance(a, SparseCoupling) else a
+        if v.shape[0] < n_days:
+            last = jnp.broadcast_to(v[-1:], (n_days - v.shape[0], *v.shape[1:]))
+            v = jnp.concatenate([v, last])
+            sparse = isinstance(a, SparseCoupling)
+            out[c.name] = SparseCoupling(v, a.columns) if sparse else v
+    return out
 
 
 def _slot_value(slot: Slot, env: Mapping[str, Any]) -> Array:

@@ -27,6 +27,8 @@ __all__ = [
     "NeuralSpec",
     "ObservationSpec",
     "ParameterSpec",
+    "SmoothingSpec",
+    "TimeBasisSpec",
     "TransitionSpec",
 ]
 
@@ -42,6 +44,38 @@ class CompartmentSpec:
 
 
 @_frozen
+class TimeBasisSpec:
+    """How a time-varying parameter varies over the days (`per_time`).
+
+    The value on day `d` is `transform(basis(d) @ coefficients)`, the
+    coefficients on the unconstrained scale (see `epifit.model._per_time`).
+
+    Attributes:
+        kind: `"pieces"` (constant on periods of `days` days from day 0),
+            `"spline"` (a clamped cubic B-spline with `knots` basis functions
+            over the fitted days) or `"periodic"` (a Fourier series of
+            `harmonics` harmonics of `period` days).
+    """
+
+    kind: str
+    days: int = 0
+    knots: int = 0
+    period: float = 0.0
+    harmonics: int = 0
+
+
+@_frozen
+class SmoothingSpec:
+    """A random-walk prior of `order` 1 or 2 on the unconstrained coefficients
+    of a time-varying parameter: the `order`-th differences along time are
+    independent `Normal(0, sd)`."""
+
+    kind: str
+    sd: float
+    order: int = 1
+
+
+@_frozen
 class ParameterSpec:
     """A named parameter.
 
@@ -52,6 +86,9 @@ class ParameterSpec:
             onto `(lower, inf)`, `sigmoid` onto `(lower, upper)`.
         fixed: excluded from fitting (`free_mask` is False).
         per_patch: one value per patch, shape `(patch,)`.
+        per_time: how it varies in time (`None`: constant); its coefficients
+            have shape `(coefficient,)` or `(coefficient, patch)`.
+        smoothing: a random-walk prior on those coefficients.
     """
 
     name: str
@@ -60,6 +97,8 @@ class ParameterSpec:
     bounds: tuple[float, float] = (float("-inf"), float("inf"))
     fixed: bool = False
     per_patch: bool = False
+    per_time: TimeBasisSpec | None = None
+    smoothing: SmoothingSpec | None = None
 
 
 @_frozen

@@ -29,6 +29,7 @@ from epifit.model._fields import (
 )
 from epifit.model._neural import ACTIVATIONS, canonical_activation
 from epifit.model._observation_read import read_observations
+from epifit.model._per_time_read import read_per_time, read_smoothing
 from epifit.model._plan import dependency_order
 from epifit.model._section import SectionContext
 from epifit.model._spec import (
@@ -181,7 +182,7 @@ def _read_covariates(ctx: SectionContext) -> tuple[CovariateSpec, ...]:
 def _read_parameters(ctx: SectionContext) -> tuple[ParameterSpec, ...]:
     r = ctx.r
     out = []
-    fields = ("transform", "bounds", "fixed", "per_patch")
+    fields = ("transform", "bounds", "fixed", "per_patch", "per_time", "smoothing")
     for name, entry, loc in ctx.named_tables("parameters"):
         name = r.identifier(name, loc, "parameter")
         t = r.table(entry, loc, required=("value",), optional=fields)
@@ -217,14 +218,45 @@ def _read_parameters(ctx: SectionContext) -> tuple[ParameterSpec, ...]:
         for v in values:
             if (why := value_error(transform, v, lo, hi)) is not None:
                 raise r.fail(vl, why)
+        per_time, smoothing = _read_time_fields(ctx, t, loc, fixed)
         ctx.declare(name, "parameter", loc)
-        ctx.symbols[name] = ("parameter", per_patch, False)
+        kind = "parameter" if per_time is None else "time-varying parameter"
+        ctx.symbols[name] = (kind, per_patch, per_time is not None)
         ctx.start[name] = np.asarray(value, np.float64)
         if fixed:
             ctx.constants[name] = ctx.start[name]
         ctx.ranges[name] = (transform, lo, hi, fixed)
-        out.append(ParameterSpec(name, value, transform, (lo, hi), fixed, per_patch))
+        out.append(
+            ParameterSpec(
+                name,
+                value,
+                transform,
+                (lo, hi),
+                fixed,
+                per_patch,
+                per_time,
+                smoothing,
+            )
+        )
     return tuple(out)
+
+
+def _read_time_fields(ctx: SectionContext, t, loc: str, fixed: bool):
+    """`(per_time, smoothing)` of a parameter's table (each `None` if absent)."""
+    r = ctx.r
+    per_time = None
+    if "per_time" in t:
+        if fixed:
+            raise r.fail(
+                at(loc, "per_time"),
+                "a fixed parameter does not vary in time; remove per_time or "
+                "fixed = true",
+            )
+        per_time = read_per_time(r, t["per_time"], at(loc, "per_time"))
+    smoothing = None
+    if "smoothing" in t:
+        smoothing = read_smoothing(r, t["smoothing"], at(loc, "smoothing"), per_time)
+    return per_time, smoothing
 
 
 def _read_neural(ctx: SectionContext) -> tuple[NeuralSpec, ...]:

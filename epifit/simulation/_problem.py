@@ -75,12 +75,14 @@ class Problem:
         self.dtype = jnp.result_type(float) if dtype is None else jnp.dtype(dtype)
         if data is None:
             self._bind_nothing(days, n_patches)
-            return
-        if not isinstance(data, xr.Dataset):
+        elif not isinstance(data, xr.Dataset):
             raise TypeError(
                 f"data must be an xarray.Dataset or a path; got {type(data)}."
             )
-        self._bind(data, days, n_patches, subset_patches)
+        else:
+            self._bind(data, days, n_patches, subset_patches)
+        # time-varying parameters: their coefficients span the solved days
+        self.model = self.model.bind_days(int(self.ts.size))
 
     def _bind_nothing(self, days: int | None, n_patches: int | None) -> None:
         """A model with no covariates and no initial data, solved for `days`."""

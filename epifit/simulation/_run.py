@@ -79,7 +79,8 @@ class ModelRun:
     ) -> tuple[Any, PiecewiseConstant | None]:
         """`(args, inputs)`: what depends only on (parameters, day), once."""
         n = self.n_patches if self.broadcast_rates else None
-        return self.model.precompute(params, covariates, n)
+        days = int(np.floor(self.ts[-1])) + 1 if len(self.ts) else None
+        return self.model.precompute(params, covariates, n, days)
 
     def integrate(
         self, y0, args, inputs: PiecewiseConstant | None, *, throw: bool = True

@@ -66,14 +66,20 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
         )
     current = problem.model.constrain(params)
     merged = {k: current[k] for k in known | neural}
+    varying = problem.model.time_varying_parameters
     for k, v in values.items():
         arr = np.asarray(v, dtype=np.float64)
         expected = np.shape(current[k])
-        if arr.shape != expected and arr.shape != ():
+        # a time-varying parameter also takes one value for every day
+        constant = expected[1:] if k in varying else None
+        if arr.shape != expected and arr.shape != () and arr.shape != constant:
             raise DataError(
                 f"{where}: parameter '{k}' has shape {arr.shape}; expected {expected}"
             )
-        merged[k] = np.broadcast_to(arr, expected)
+        if k in varying and arr.shape != expected:
+            merged[k] = np.broadcast_to(arr, constant)
+        else:
+            merged[k] = np.broadcast_to(arr, expected)
     try:
         new = problem.model.unconstrain(merged)
     except ValueError as e:  # a value outside its parameter's range
