@@ -400,7 +400,7 @@ def test_merged_term_days_give_the_same_solve_in_fewer_segments():
     np.testing.assert_allclose(fewer.ys["I"], daily.ys["I"], rtol=1e-6)
 
 
-# -- rates that read the state --------------------------------------------------------
+# -- rates that read the state ------------------------------------------------
 SIRV = """
 name = "sirv"
 compartments = ["S", "I", "R", "V"]
@@ -565,3 +565,147 @@ def test_gradients_of_state_reading_rates_agree_with_fd_and_across_adjoints():
     for adjoint, g in grads.items():
         assert rel_error(g, fd) < 1e-5, adjoint
         assert rel_error(g, grads["checkpoint"]) < 1e-5, adjoint
+
+
+# -- reading -------------------------------------------------------------------
+def test_the_builder_writes_the_same_open_model_as_toml():
+    built = (
+        ModelBuilder("sir_vital")
+        .compartment("S")
+        .compartment("I")
+        .compartment("R")
+        .parameter("beta", 0.5, transform="softplus")
+        .parameter("gamma", 0.1, transform="softplus")
+        .parameter("mu", MU, fixed=True)
+        .parameter("N", 1e6, fixed=True)
+        .infection(
+            "S",
+            "I",
+            transmission="beta",
+            infectious=["I"],
+            normalize="population",
+            population="N",
+        )
+        .transition("I", "R", rate="gamma")
+        .inflow("S", "mu * N", name="births")
+        .outflow("mu", name="deaths")
+        .initial("S", "N - 100")
+        .initial("I", "100")
+        .build()
+    )
+    spec = loads_model(SIR_VITAL, path="x.toml")
+    assert built == spec
+    assert spec.outflows[0].sources == ("S", "I", "R")  # default: every one
+    assert spec.inflows[0].name == "births" and not spec.closed
+
+
+BASE = """
+name = "x"
+compartments = ["S", "I", "R"]
+[parameters]
+beta = { value = 0.3, transform = "softplus" }
+mu = { value = 0.01, fixed = true }
+[[infections]]
+from = "S"
+to = "I"
+transmission = "beta"
+infectious = ["I"]
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (
+            '[[inflows]]\nto = "Q"\nrate = "mu"',
+            r"inflows\[0\]\.to: unknown compartment 'Q'; known: S, I, R",
+        ),
+        (
+            '[[inflows]]\nto = "S"',
+            r"inflows\[0\]\.rate: missing required field 'rate'",
+        ),
+        (
+            '[[inflows]]\nto = "S"\nrate = "mu"\nnumber = 3',
+            r"inflows\[0\]\.number: unknown field 'number'; expected one of: to, rate, "
+            "name",
+        ),
+        (
+            '[[inflows]]\nto = "S"\nrate = "-mu"',
+            r"inflows\[0\]\.rate: a rate must be >= 0, but '-mu' is -0\.01",
+        ),
+        (
+            '[[inflows]]\nname = "I"\nto = "S"\nrate = "mu"',
+            r"inflows\[0\]\.name: 'I' is already a compartment; the label names",
+        ),
+        (
+            '[[outflows]]\nfrom = ["S", "S"]\nrate = "mu"',
+            r"outflows\[0\]\.from: repeated compartment in \['S', 'S'\]",
+        ),
+        (
+            '[[outflows]]\nfrom = "X"\nrate = "mu"',
+            r"outflows\[0\]\.from: unknown compartment 'X'",
+        ),
+        (
+            '[[outflows]]\nrate = "mu / T"',
+            r"outflows\[0\]\.rate: unknown name 'T' in expression 'mu / T'; known: S, "
+            r"I, R, beta, mu",
+        ),
+        (
+            '[derived]\nprevalence = "I / 1000"',
+            r"derived\.prevalence: 'I' \(a compartment\) cannot be used in a derived "
+            r"quantity, which may use parameters and derived quantities only",
+        ),
+        (
+            '[initial]\nS = "1 - I"',
+            r"initial\.S: 'I' \(a compartment\) cannot be used in an initial "
+            "condition",
+        ),
+        (
+            '[[outflows]]\nrate = "mu"\n[[observations]]\nname = "d"\nkind = "flow"\n'
+            'transition = "I->died"',
+            r"observations\[0\]\.transition: unknown compartment 'died'",
+        ),
+        (
+            '[[outflows]]\nrate = "mu"\n[[observations]]\nname = "d"\nkind = "flow"\n'
+            'transition = "outside->I"',
+            r"observations\[0\]\.transition: the model has no flow outside->I; its "
+            r"flows: S->I, S->outside, "
+            r"I->outside, R->outside",
+        ),
+        (
+            '[[inflows]]\nname = "births"\nto = "S"\nrate = "mu"\n[[observations]]\n'
+            'name = "c"\nkind = "incidence"\ncompartments = ["S"]\nsign = -1',
+            r"observations\[0\]\.compartments: kind = \"incidence\" observes minus the "
+            r"daily change of S, which is not a count of events: they also have "
+            r"inflows births->S",
+        ),
+    ],
+)
+def test_reading_errors_name_the_field(extra, message):
+    with pytest.raises(ModelSpecError, match=r"^models/x\.toml: " + message):
+        loads_model(BASE + extra, path="models/x.toml")
+
+
+def test_a_state_rate_may_read_a_time_varying_covariate_and_a_chain_total():
+    """A compartment's name is its total over its stages; inflow rates may
+    read a time-varying covariate (evaluated per day in precompute)."""
+    spec = (
+        ModelBuilder("x")
+        .compartment("S")
+        .compartment("E", 2)
+        .covariate("arrivals", ["time"], rule="floor")
+        .parameter("c", 0.5, fixed=True)
+        .transition("S", "E", rate="c * E / (S + E)")
+        .transition("E", "S", rate=0.0, rate_per="stage")
+        .inflow("E", "arrivals")
+        .build()
+    )
+    model = compile_model(spec)
+    args, inputs = model.precompute(model.init_params(1), {"arrivals": [1.0, 4.0]})
+    assert set(inputs.values) == {"inflows[0].rate"}  # precomputed per day
+    y = {"S": jnp.full((1, 1), 3.0), "E": jnp.asarray([[1.0], [2.0]])}
+    u = jax.tree_util.tree_map(lambda v: v[1], inputs.values)
+    dy = model.vector_field(1.0, y, args, u)
+    rate = 0.5 * 3.0 / 6.0  # E's total is 3
+    np.testing.assert_allclose(dy["S"][0, 0], -rate * 3.0, rtol=1e-14)
+    np.testing.assert_allclose(dy["E"][:, 0], [rate * 3.0 + 4.0, 0.0], rtol=1e-14)
