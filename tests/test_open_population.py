@@ -567,6 +567,53 @@ def test_gradients_of_state_reading_rates_agree_with_fd_and_across_adjoints():
         assert rel_error(g, grads["checkpoint"]) < 1e-5, adjoint
 
 
+def test_frequency_dependence_on_a_changing_total_agrees_with_solve_ivp():
+    """`population = "S + I + R"`: the force of infection divides by the
+    live total, which births at a constant 20 a day and deaths at 1% a day
+    move from 1000 towards 2000."""
+    text = """
+    name = "sir_growing"
+    compartments = ["S", "I", "R"]
+    [parameters]
+    beta = { value = 0.4, transform = "softplus" }
+    [[infections]]
+    from = "S"
+    to = "I"
+    transmission = "beta"
+    infectious = ["I"]
+    normalize = "population"
+    population = "S + I + R"
+    [[transitions]]
+    from = "I"
+    to = "R"
+    rate = 0.2
+    [[inflows]]
+    to = "S"
+    rate = 20.0
+    [[outflows]]
+    rate = 0.01
+    [initial]
+    S = 990.0
+    I = 10.0
+    """
+    days = 150
+    model = model_of(text)
+    assert [s.state for s in model.plan.state_slots] == [("I", "R", "S")]
+    problem = Problem(model, None, days=days)
+    sol = problem.solve(problem.init_params(), TIGHT)
+
+    def f(t, y):
+        s, i, r = y
+        new = 0.4 * s * i / (s + i + r)
+        return [20.0 - new - 0.01 * s, new - 0.21 * i, 0.2 * i - 0.01 * r]
+
+    ref = _reference(f, [990.0, 10.0, 0.0], days)
+    for k, c in enumerate("SIR"):
+        np.testing.assert_allclose(sol.ys[c][:, 0, 0], ref[k], rtol=1e-7, atol=1e-8)
+    total = ref.sum(axis=0)
+    np.testing.assert_allclose(total, 2000.0 - 1000.0 * np.exp(-0.01 * problem.ts))
+
+
 # -- reading -------------------------------------------------------------------
 def test_the_builder_writes_the_same_open_model_as_toml():
     built = (
