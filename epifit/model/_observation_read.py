@@ -5,6 +5,7 @@ and with which likelihood family."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -75,7 +76,7 @@ def read_observations(
     ctx: SectionContext,
     transitions: tuple[TransitionSpec, ...],
     infections: tuple[InfectionSpec, ...],
-    open_edges: list[tuple[str, str]] = (),
+    open_edges: Sequence[tuple[str, str]] = (),
 ) -> Observations:
     """`[[observations]]`: data variables, what each observes, its reporting
     and its likelihood. `open_edges` are the flows from and to outside
