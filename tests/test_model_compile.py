@@ -335,6 +335,7 @@ def _random_covariates(model, n, days, rng):
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_models_conserve_population(name):
     model = compile_model(load_model(MODELS / f"{name}.toml"))
+    assert model.spec.closed
     rng = np.random.default_rng(0)
     n = 5
     params = model.init_params(n)

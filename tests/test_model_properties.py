@@ -233,7 +233,10 @@ def test_generated_models_conserve_and_front_doors_agree(model_and_patches, seed
         np.testing.assert_array_equal(dy[name], dy_b[name])
         assert bool(jnp.all(jnp.isfinite(dy[name])))
 
-    # a closed model: the derivatives sum to zero per patch, to rounding
+    # a closed model (the generator writes no inflows or outflows; open
+    # populations are tested in test_open_population.py): the derivatives
+    # sum to zero per patch, to rounding
+    assert from_toml.closed
     total = sum(v.sum(axis=0) for v in dy.values())
     scale = sum(jnp.abs(v).sum(axis=0) for v in dy.values())
     np.testing.assert_array_less(np.abs(total), 1e-13 * np.asarray(scale) + 1e-300)

@@ -134,7 +134,7 @@ def test_bad_stage_counts(stages, match):
 def test_unknown_parameter_in_expression():
     with raises(
         r"transitions\[1\]\.rate: unknown name 'gama' in expression 'gama'; "
-        r"known: N, beta, sigma, gamma, omega"
+        r"known: S, E, I, R, N, beta, sigma, gamma, omega"
     ):
         load(transitions__1__rate="gama")
 

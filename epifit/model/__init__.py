@@ -32,10 +32,12 @@ from epifit.model._spec import DelaySpec as DelaySpec
 from epifit.model._spec import DerivedSpec as DerivedSpec
 from epifit.model._spec import InfectionSpec as InfectionSpec
 from epifit.model._spec import InfectiousSpec as InfectiousSpec
+from epifit.model._spec import InflowSpec as InflowSpec
 from epifit.model._spec import InitialSpec as InitialSpec
 from epifit.model._spec import ModelSpec as ModelSpec
 from epifit.model._spec import NeuralSpec as NeuralSpec
 from epifit.model._spec import ObservationSpec as ObservationSpec
+from epifit.model._spec import OutflowSpec as OutflowSpec
 from epifit.model._spec import ParameterSpec as ParameterSpec
 from epifit.model._spec import SmoothingSpec as SmoothingSpec
 from epifit.model._spec import TimeBasisSpec as TimeBasisSpec

@@ -230,6 +230,29 @@ class ModelBuilder:
             },
         )
 
+    def inflow(
+        self, to: str, rate: str | float, *, name: str | None = None
+    ) -> ModelBuilder:
+        """`rate` individuals per day (per patch) entering stage 1 of `to` from
+        outside (births, importations); `name` labels the edge `"name->to"`."""
+        return self._listed("inflows", {"to": to, "rate": rate, **_fields(name=name)})
+
+    def outflow(
+        self,
+        rate: str | float,
+        *,
+        from_: str | Sequence[str] | None = None,
+        name: str | None = None,
+    ) -> ModelBuilder:
+        """Every stage of `from_` (default: every compartment) leaving to
+        outside at the per-capita `rate` (deaths); `name` labels the edges
+        `"FROM->name"`."""
+        if isinstance(from_, Sequence) and not isinstance(from_, str):
+            from_ = list(from_)
+        return self._listed(
+            "outflows", {"rate": rate, **_fields(name=name, **{"from": from_})}
+        )
+
     def observation(
         self,
         name: str,

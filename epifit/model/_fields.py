@@ -33,6 +33,8 @@ TOP_LEVEL = (
     "transitions",
     "infections",
     "observations",
+    "inflows",
+    "outflows",
     "initial",
 )
 RULES = ("floor", "nearest")
@@ -53,6 +55,7 @@ PLURALS = {
     "derived quantity": "derived quantities",
     "neural sub-model": "neural sub-models",
     "covariate": "covariates",
+    "compartment": "compartments",
 }
 RATE_NAMES = (
     "parameter",
@@ -61,6 +64,8 @@ RATE_NAMES = (
     "neural sub-model",
     "covariate",
 )
+# rates evaluated in the vector field may also read compartment totals
+STATE_RATE_NAMES = (*RATE_NAMES, "compartment")
 STATIC_NAMES = ("parameter", "derived quantity")
 
 

@@ -5,6 +5,7 @@ and with which likelihood family."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -75,11 +76,13 @@ def read_observations(
     ctx: SectionContext,
     transitions: tuple[TransitionSpec, ...],
     infections: tuple[InfectionSpec, ...],
+    open_edges: Sequence[tuple[str, str]] = (),
 ) -> Observations:
     """`[[observations]]`: data variables, what each observes, its reporting
-    and its likelihood."""
+    and its likelihood. `open_edges` are the flows from and to outside
+    (`"births->S"`, `"I->deaths"`)."""
     r = ctx.r
-    edges = edges_of(transitions, infections)
+    edges = edges_of(transitions, infections) + list(open_edges)
     out, names = [], set()
     parameters: list[ParameterSpec] = []
     derived: list[DerivedSpec] = []
@@ -170,8 +173,10 @@ def _transition(ctx: SectionContext, value: Any, location: str, edges):
         raise r.fail(
             location, f'expected "FROM->TO" (source and target names), got {text!r}'
         )
+    labels = {x for e in edges for x in e} - set(ctx.stages)  # outside's
     for p in parts:
-        ctx.compartment(p, location)
+        if p not in labels:
+            ctx.compartment(p, location)
     edge = (parts[0], parts[1])
     if edge not in edges:
         raise r.fail(

@@ -22,13 +22,16 @@ class Slot:
     Static slots (depending on parameters and static covariates only) are
     evaluated once per solve into `args`; time-varying ones (reading a neural
     sub-model, a time-varying covariate or a time-varying parameter) once per
-    day into `inputs`.
+    day into `inputs`. A slot that reads compartments (`state`) is evaluated
+    in the vector field, from `y` and the names it reads (`"names.NAME"` in
+    `args` or `inputs`).
     """
 
     key: str
     expressions: tuple[Expression, ...]
     factor: float
     time_varying: bool
+    state: tuple[str, ...] = ()  # the compartments read: evaluated from `y`
 
 
 @_frozen
@@ -74,12 +77,37 @@ class Infection:
 
 
 @_frozen
+class Inflow:
+    """`rate` individuals per day enter stage 1 of `target` from outside."""
+
+    target: str
+    rate: str
+    edge: tuple[str, str]
+
+
+@_frozen
+class Removal:
+    """Every stage of `compartment` leaves to outside at the per-capita `rate`."""
+
+    compartment: str
+    rate: str
+    edge: tuple[str, str]
+
+
+@_frozen
 class Plan:
     slots: tuple[Slot, ...]
     outflows: tuple[Outflow, ...]
     infections: tuple[Infection, ...]
     derived_order: tuple[str, ...]
     flows: tuple[tuple[str, str], ...] = ()  # observed, accumulated beside y
+    inflows: tuple[Inflow, ...] = ()
+    removals: tuple[Removal, ...] = ()
+
+    @property
+    def state_slots(self) -> tuple[Slot, ...]:
+        """The slots evaluated in the vector field (they read compartments)."""
+        return tuple(s for s in self.slots if s.state)
 
 
 def dependency_order(deps: Mapping[str, Collection[str]]) -> list[str]:
@@ -114,7 +142,8 @@ def make_plan(spec: ModelSpec) -> Plan:
 
     def slot(key: str, *exprs: Expression, factor: float = 1.0) -> str:
         tv = any(n in time_varying for e in exprs for n in e.names)
-        slots.append(Slot(key, tuple(exprs), factor, tv))
+        state = sorted({n for e in exprs for n in e.names if n in stages})
+        slots.append(Slot(key, tuple(exprs), factor, tv, tuple(state)))
         return key
 
     outflows = []
@@ -178,15 +207,7 @@ def make_plan(spec: ModelSpec) -> Plan:
                 scale = f"couplings.{c.name}.scale"
                 if scale not in {s.key for s in slots}:
                     slot(scale, c.scale)
-            coupling = CouplingPlan(
-                covariate=c.covariate,
-                matrix=f"couplings.{c.name}.matrix",
-                time_varying=cov_tv[c.covariate],
-                scale=scale,
-                symmetrize=c.symmetrize,
-                multiplier=c.multiplier,
-                local=c.local,
-            )
+            coupling = _coupling_plan(c, cov_tv[c.covariate], scale)
         infections.append(
             Infection(
                 inf.source,
@@ -197,10 +218,40 @@ def make_plan(spec: ModelSpec) -> Plan:
                 coupling,
             )
         )
+    inflows, removals = _open_flows(spec, slot)
     return Plan(
         tuple(slots),
         tuple(outflows),
         tuple(infections),
         _derived_order(spec),
         observed_flows(spec.observations),
+        inflows,
+        removals,
     )
+
+
+def _coupling_plan(c, time_varying: bool, scale: str | None) -> CouplingPlan:
+    return CouplingPlan(
+        covariate=c.covariate,
+        matrix=f"couplings.{c.name}.matrix",
+        time_varying=time_varying,
+        scale=scale,
+        symmetrize=c.symmetrize,
+        multiplier=c.multiplier,
+        local=c.local,
+    )
+
+
+def _open_flows(
+    spec: ModelSpec, slot
+) -> tuple[tuple[Inflow, ...], tuple[Removal, ...]]:
+    """The inflows from and removals to outside, their rates laid out by `slot`."""
+    inflows = tuple(
+        Inflow(f.target, slot(f"inflows[{i}].rate", f.rate), (f.name, f.target))
+        for i, f in enumerate(spec.inflows)
+    )
+    removals = []
+    for i, o in enumerate(spec.outflows):
+        rate = slot(f"outflows[{i}].rate", o.rate)
+        removals += [Removal(c, rate, (c, o.name)) for c in o.sources]
+    return inflows, tuple(removals)

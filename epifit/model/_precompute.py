@@ -27,6 +27,7 @@ from epifit.model._errors import ModelSpecError
 from epifit.model._neural import neural_rates
 from epifit.model._plan import Plan, Slot
 from epifit.model._spec import ModelSpec
+from epifit.model._state import put_state_names
 from epifit.ode import PiecewiseConstant
 
 __all__ = ["args_and_inputs", "covariate_arrays", "day_rule"]
@@ -126,6 +127,8 @@ def args_and_inputs(
     args: dict[str, Array] = {}
     per_day: dict[str, Array] = {}
     for s in plan.slots:
+        if s.state:  # evaluated in the vector field, from y
+            continue
         if s.time_varying:
             names = {n for e in s.expressions for n in e.names} & day_env.keys()
             today = {n: day_env[n] for n in names}
@@ -139,6 +142,7 @@ def args_and_inputs(
             if n_patches is not None and jnp.ndim(value) == 0:
                 value = jnp.broadcast_to(value, (n_patches,))
             args[s.key] = value
+    put_state_names(plan, static_env, day_env, args, per_day)
     for inf in plan.infections:
         c = inf.coupling
         if c is not None:

@@ -22,10 +22,12 @@ __all__ = [
     "DerivedSpec",
     "InfectionSpec",
     "InfectiousSpec",
+    "InflowSpec",
     "InitialSpec",
     "ModelSpec",
     "NeuralSpec",
     "ObservationSpec",
+    "OutflowSpec",
     "ParameterSpec",
     "SmoothingSpec",
     "TimeBasisSpec",
@@ -164,6 +166,28 @@ class InfectionSpec:
 
 
 @_frozen
+class InflowSpec:
+    """An inflow from outside the model (births, importations) into stage 1 of
+    `target`: `rate` individuals per day in each patch (not per capita).
+    `name` labels the edge `"name->target"` for flow observations."""
+
+    target: str
+    rate: Expression
+    name: str = "outside"
+
+
+@_frozen
+class OutflowSpec:
+    """A per-capita outflow to outside the model (deaths, emigration): every
+    stage of each of `sources` is left at `rate`. `name` labels the edges
+    `"source->name"` for flow observations."""
+
+    sources: tuple[str, ...]
+    rate: Expression
+    name: str = "outside"
+
+
+@_frozen
 class CouplingSpec:
     """Metapopulation coupling through a matrix covariate `C[p, q]`."""
 
@@ -289,6 +313,8 @@ class ModelSpec:
     derived: tuple[DerivedSpec, ...] = ()
     transitions: tuple[TransitionSpec, ...] = ()
     infections: tuple[InfectionSpec, ...] = ()
+    inflows: tuple[InflowSpec, ...] = ()
+    outflows: tuple[OutflowSpec, ...] = ()
     couplings: tuple[CouplingSpec, ...] = ()
     neural: tuple[NeuralSpec, ...] = ()
     covariates: tuple[CovariateSpec, ...] = ()
@@ -300,3 +326,9 @@ class ModelSpec:
     """`(location, context, expression)` of each expression whose field has a
     required range (rates >= 0, probabilities in [0, 1], ...), checked again
     at other parameter values by `CompiledModel.range_violations`."""
+
+    @property
+    def closed(self) -> bool:
+        """No flow enters from or leaves to outside the model: the
+        compartments' total is conserved in every patch."""
+        return not (self.inflows or self.outflows)

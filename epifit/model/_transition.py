@@ -8,7 +8,7 @@ import numpy as np
 
 from epifit._toml import at, join
 from epifit.model._expression import Expression, fold
-from epifit.model._fields import RATE_NAMES
+from epifit.model._fields import STATE_RATE_NAMES
 from epifit.model._section import SectionContext
 from epifit.model._spec import BranchSpec, InfectionSpec, InfectiousSpec, TransitionSpec
 
@@ -16,8 +16,9 @@ __all__ = ["read_infections", "read_rate", "read_transitions"]
 
 
 def read_rate(ctx: SectionContext, value: Any, location: str) -> Expression:
-    """A rate expression (may read anything a rate may)."""
-    return ctx.expression(value, location, RATE_NAMES, "a rate")
+    """A rate expression (may read anything a rate may, compartments included:
+    a compartment's name is its total over its stages in the same patch)."""
+    return ctx.expression(value, location, STATE_RATE_NAMES, "a rate")
 
 
 def read_transitions(ctx: SectionContext) -> tuple[TransitionSpec, ...]:
@@ -115,7 +116,7 @@ def read_branches(
                 prob = ctx.expression(
                     b["probability"],
                     at(loc, "probability"),
-                    RATE_NAMES,
+                    STATE_RATE_NAMES,
                     "a probability",
                 )
             out.append(BranchSpec(target, probability=prob))
@@ -167,7 +168,7 @@ def read_infections(ctx: SectionContext) -> tuple[InfectionSpec, ...]:
         transmission = ctx.expression(
             t["transmission"],
             at(loc, "transmission"),
-            RATE_NAMES,
+            STATE_RATE_NAMES,
             "a transmission rate",
         )
         il = at(loc, "infectious")
@@ -204,7 +205,7 @@ def read_infections(ctx: SectionContext) -> tuple[InfectionSpec, ...]:
             weight = None
             if "weight" in it:
                 weight = ctx.expression(
-                    it["weight"], at(jl, "weight"), RATE_NAMES, "a weight"
+                    it["weight"], at(jl, "weight"), STATE_RATE_NAMES, "a weight"
                 )
             infectious.append(InfectiousSpec(comp, stages, weight))
         normalize = r.choice(
@@ -221,7 +222,7 @@ def read_infections(ctx: SectionContext) -> tuple[InfectionSpec, ...]:
                     "by `population` (a parameter, expression or covariate)",
                 )
             population = ctx.expression(
-                t["population"], at(loc, "population"), RATE_NAMES, "a population"
+                t["population"], at(loc, "population"), STATE_RATE_NAMES, "a population"
             )
         elif "population" in t:
             raise r.fail(

@@ -29,6 +29,7 @@ from epifit.model._fields import (
 )
 from epifit.model._neural import ACTIVATIONS, canonical_activation
 from epifit.model._observation_read import read_observations
+from epifit.model._open import open_edges, read_inflows, read_outflows
 from epifit.model._per_time_read import read_per_time, read_smoothing
 from epifit.model._plan import dependency_order
 from epifit.model._section import SectionContext
@@ -85,7 +86,10 @@ def spec_from_dict(
     couplings = _read_couplings(ctx)
     transitions = read_transitions(ctx)
     infections = read_infections(ctx)
-    observed = read_observations(ctx, transitions, infections)
+    inflows, outflows = read_inflows(ctx), read_outflows(ctx)
+    observed = read_observations(
+        ctx, transitions, infections, open_edges(inflows, outflows)
+    )
     initial = _read_initial(ctx)
     for kind, specs in (("covariates", covariates), ("neural", neural)):
         for spec in specs:
@@ -103,6 +107,8 @@ def spec_from_dict(
         derived=derived + observed.derived,
         transitions=transitions,
         infections=infections,
+        inflows=inflows,
+        outflows=outflows,
         couplings=couplings,
         neural=neural,
         covariates=covariates,
@@ -127,6 +133,7 @@ def _read_compartments(ctx: SectionContext) -> tuple[CompartmentSpec, ...]:
             raise r.fail(at(loc, "stages"), f"more than {MAX_STAGES} stages")
         ctx.declare(name, "compartment", at(loc, "name"))
         ctx.stages[name] = stages
+        ctx.symbols[name] = ("compartment", True, False)  # its total, per patch
         out.append(CompartmentSpec(name, stages))
     return tuple(out)
 

@@ -23,7 +23,8 @@ from epifit._custom_types import Args, Y
 from epifit.model._coupling import SparseCoupling, coupled_mass
 from epifit.model._observation import flow_key
 from epifit.model._once import computed_once
-from epifit.model._plan import Infection, Plan
+from epifit.model._plan import Infection, Plan, Slot
+from epifit.model._state import state_value
 
 __all__ = ["right_hand_side", "rows"]
 
@@ -33,10 +34,17 @@ def rows(r: Array) -> Array:
     return r if jnp.ndim(r) == 0 else r[None, :]
 
 
-def _getter(args: Args, u: PyTree | None):
-    """`get(key)`: the day's value of `key` from `u` if it varies, else `args`'."""
+def _getter(args: Args, u: PyTree | None, y: Y | None = None, state=()):
+    """`get(key)`: the day's value of `key` from `u` if it varies, else `args`';
+    a slot of `state` (it reads compartments) evaluated at `y`, once."""
+    slots: dict[str, Slot] = {s.key: s for s in state}
+    cache: dict[str, Array] = {}
 
     def get(key: str) -> Array:
+        if key in slots:
+            if key not in cache:
+                cache[key] = state_value(slots[key], y, get)
+            return cache[key]
         return u[key] if u is not None and key in u else args[key]
 
     return get
@@ -47,7 +55,8 @@ def right_hand_side(
 ) -> Y:
     """`dy/dt` of the flows `plan` lays out, for `y = {compartment: (stage,
     patch)}` (see [`CompiledModel.vector_field`][epifit.model.CompiledModel])."""
-    get = _getter(args, u)
+    state = plan.state_slots
+    get = _getter(args, u, y, state)
     loss: dict[str, list[Array]] = {c: [] for c in compartments}
     gain: dict[str, list[Array]] = {c: [] for c in compartments}
     chain: dict[str, Array] = {}
@@ -74,13 +83,15 @@ def right_hand_side(
             if (out.compartment, b.target) in flows:
                 flows[out.compartment, b.target].append(f)
     for inf in plan.infections:
-        lam = computed_once(functools.partial(_force_from, inf), t, y, args, u)
+        force = functools.partial(_force_from, inf, state)
+        lam = computed_once(force, t, y, args, u)
         flow = rows(lam) * y[inf.source]
         loss[inf.source].append(flow)
         new = flow.sum(axis=0) if flow.shape[0] > 1 else flow[0]
         gain[inf.target].append(new)
         if (inf.source, inf.target) in flows:
             flows[inf.source, inf.target].append(new)
+    _open_flows(plan, y, get, loss, gain, flows)
     dy = {}
     for name in compartments:
         x = y[name]
@@ -106,8 +117,25 @@ def right_hand_side(
     return dy
 
 
-def _force_from(inf: Infection, y: Y, args: Args, u) -> Array:
-    return _force_of_infection(inf, y, _getter(args, u))
+def _open_flows(plan: Plan, y: Y, get, loss, gain, flows) -> None:
+    """Add the inflows from and removals to outside to `loss` and `gain` (and
+    the observed ones to `flows`)."""
+    for f in plan.inflows:
+        x = y[f.target]
+        new = jnp.broadcast_to(get(f.rate), x.shape[1:])  # (patch,)
+        gain[f.target].append(new)
+        if f.edge in flows:
+            flows[f.edge].append(new)
+    for r in plan.removals:
+        x = y[r.compartment]
+        flow = rows(get(r.rate)) * x  # (stage, patch)
+        loss[r.compartment].append(flow)
+        if r.edge in flows:
+            flows[r.edge].append(flow.sum(axis=0) if flow.shape[0] > 1 else flow[0])
+
+
+def _force_from(inf: Infection, state: tuple[Slot, ...], y: Y, args: Args, u):
+    return _force_of_infection(inf, y, _getter(args, u, y, state))
 
 
 def _force_of_infection(inf: Infection, y: Y, get) -> Float[Array, " patch"]:
