@@ -42,9 +42,43 @@ def two_strain_dataset() -> xr.Dataset:
     return xr.Dataset({n: ones for n in names}, coords={"time": time})
 
 
+def vaccination_dataset() -> xr.Dataset:
+    time = pd.date_range("2021-01-04", periods=120)
+    doses = np.where(np.arange(120) >= 30, 800.0, 0.0)
+    ones = ("time", np.ones(120))
+    return xr.Dataset(
+        {"doses": ("time", doses), "cases": ones, "vaccinated": ones},
+        coords={"time": time},
+    )
+
+
+def measles_dataset(years: int = 20) -> xr.Dataset:
+    """Daily school terms (holidays: 1 Jan-7 Jan, Easter fortnight, 20 Jul-31
+    Aug, 20-31 Dec) and weekly cases on the daily axis (NaN between)."""
+    time = pd.date_range("1950-01-01", periods=int(365.25 * years))
+    doy = time.day_of_year.values
+    holiday = (doy <= 7) | ((doy >= 95) & (doy < 109)) | ((doy >= 201) & (doy <= 243))
+    holiday |= doy >= 354
+    cases = np.where(np.arange(time.size) % 7 == 6, 1.0, np.nan)
+    ds = xr.Dataset(
+        {"term": ("time", (~holiday).astype(float)), "cases": ("time", cases)},
+        coords={"time": time},
+    )
+    ds["cases"].attrs["period"] = 7
+    return ds
+
+
+def rw_dataset() -> xr.Dataset:
+    time = pd.date_range("2021-01-04", periods=120)
+    return xr.Dataset({"cases": ("time", np.ones(120))}, coords={"time": time})
+
+
 RECIPES = {
     "seir_age3": age_dataset,
     "two_strain": two_strain_dataset,
+    "seir_vaccination": vaccination_dataset,
+    "measles_seasonal": measles_dataset,
+    "seir_rw": rw_dataset,
 }
 
 
@@ -55,8 +89,10 @@ def test_recipe_loads_and_simulates(name):
     for c in model.compartments:
         assert np.isfinite(out[c].values).all() and (out[c].values >= -1e-9).all()
     for o in model.observations:
-        series = out[f"predicted_{o.name}"].values[1:]
-        assert np.isfinite(series).all() and (series >= 0).all()
+        series = out[f"predicted_{o.name}"].values
+        stamps = series[np.isfinite(series)]
+        assert stamps.size >= (series.shape[0] - 1) // o.period
+        assert (stamps >= 0).all()
 
 
 def test_age_groups_keep_their_populations():
@@ -85,3 +121,25 @@ def test_age_structured_susceptibility_is_recovered():
     )
     assert fit.converged, fit.message
     np.testing.assert_allclose(fit.parameters["susceptibility"], truth, rtol=0.1)
+
+
+def test_vaccination_gives_the_doses_while_susceptibles_last():
+    out = epifit.simulate("models/seir_vaccination.toml", vaccination_dataset())
+    vaccinated = out["predicted_vaccinated"].values[1:, 0]
+    np.testing.assert_allclose(vaccinated[:29], 0.0, atol=1e-9)
+    # 90% of 800 doses a day protect, while S is large
+    np.testing.assert_allclose(vaccinated[31:60], 720.0, rtol=1e-4)
+
+
+def test_measles_recurs_over_twenty_years():
+    out = epifit.simulate("models/measles_seasonal.toml", measles_dataset())
+    weekly = out["predicted_cases"].values[:, 0]
+    weekly = weekly[np.isfinite(weekly)]
+    years = weekly[: 52 * 20].reshape(20, 52).sum(axis=1)
+    # births replenish the susceptibles: epidemics keep coming back
+    assert (years[5:] > 1000).all()
+    # births mu N and deaths mu keep N; importations iota add iota / mu (1 - e^-mu t)
+    total = sum(out[c].values for c in ("S", "E", "I", "R"))[:, 0]
+    t = np.arange(total.size)
+    mu, iota = 5.48e-5, 0.2
+    np.testing.assert_allclose(total, 1e6 + iota / mu * -np.expm1(-mu * t), rtol=1e-7)
