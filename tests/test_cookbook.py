@@ -143,3 +143,21 @@ def test_measles_recurs_over_twenty_years():
     t = np.arange(total.size)
     mu, iota = 5.48e-5, 0.2
     np.testing.assert_allclose(total, 1e6 + iota / mu * -np.expm1(-mu * t), rtol=1e-7)
+
+
+def test_a_scenario_changes_a_parameter_a_state_rate_reads():
+    """Halving `eff` (read by the rate `min(eff * doses / S, 0.2)`, evaluated
+    in the vector field) from day 60: the forecast equals a solve with eff
+    halved on its days, and differs from the baseline after day 60 only."""
+    from epifit.forecasting import Change, Scenario, forecast
+
+    ds = vaccination_dataset()
+    problem = Problem("models/seir_vaccination.toml", ds)
+    params = problem.init_params()
+    tight = {"rtol": 1e-10, "atol": 1e-10}
+    scenario = Scenario("half_eff", [Change(parameter="eff", scale=0.5, start=60)])
+    fc = forecast(problem, [scenario], params=params, samples=0, days=0, **tight)
+    base = fc["estimate_vaccinated"].sel(scenario="baseline").values[:, 0]
+    half = fc["estimate_vaccinated"].sel(scenario="half_eff").values[:, 0]
+    np.testing.assert_allclose(half[1:60], base[1:60], rtol=1e-9)
+    np.testing.assert_allclose(half[62:90], base[62:90] / 2, rtol=1e-3)

@@ -36,6 +36,7 @@ from jax.flatten_util import ravel_pytree
 from epifit._jit import jit
 from epifit._vmap import vmap_batch
 from epifit.model import (
+    STATE_NAMES,
     CompiledModel,
     constrain_coefficients,
     unconstrain,
@@ -149,9 +150,12 @@ class EnsembleConfig:
         static, varying = [], []
         for s in self.model.plan.slots:
             used = {n for e in s.expressions for n in e.names}
-            if used & names:
+            if used & names and s.state:  # evaluated in the vector field, which
+                # reads the names it uses (STATE_NAMES + name) from args/inputs
+                static += [STATE_NAMES + n for n in sorted(used & names)]
+            elif used & names:
                 (varying if s.time_varying else static).append(s.key)
-        return tuple(static), tuple(varying)
+        return tuple(dict.fromkeys(static)), tuple(varying)
 
     @property
     def transmission_keys(self) -> tuple[str, ...]:
@@ -219,6 +223,9 @@ def _assemble(cfg: EnsembleConfig, pre, data):
     values = {} if inputs0 is None else dict(inputs0.values)
     times = np.arange(T, dtype=np.float64) if inputs0 is None else inputs0.times
     for key in static_keys:
+        if key not in args0:  # a name a state rate reads, per day already
+            values[key] = jnp.stack([inp.values[key] for _, inp in pre])[idx, days]
+            continue
         values[key] = jnp.stack([a[key] for a, _ in pre])[idx]
     for key in varying_keys:
         values[key] = jnp.stack([inp.values[key] for _, inp in pre])[idx, days]

@@ -30,6 +30,7 @@ from epifit.model._plan import Plan, Slot
 __all__ = ["NAMES", "put_state_names", "state_value"]
 
 NAMES = "names."  # the prefix of the names a state slot reads, in args/inputs
+STATE_NAMES = NAMES  # exported: forecasts re-stack these per scenario interval
 
 
 def put_state_names(
