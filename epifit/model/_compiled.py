@@ -93,10 +93,8 @@ class CompiledModel(eqx.Module):
             return self
         return CompiledModel(self.spec, self.days, int(n_patches))
 
-    @property
-    def n_strata(self) -> int:
-        """The strata of `[strata]` (1 without)."""
-        return 1 if self.spec.strata is None else self.spec.strata.size
+    n_strata = property(lambda self: getattr(self.spec.strata, "size", 1))
+    """The strata of `[strata]` (1 without)."""
 
     def bind_days(self, days: int) -> CompiledModel:
         """This model bound to `days` days (`Problem` does it with the days it
