@@ -66,8 +66,6 @@ def read_strata(ctx) -> StrataSpec | None:
             "other than time, patch, patch_to, feature, stage)",
         )
     labels = tuple(r.string(v, at(loc, j)) for j, v in enumerate(r.array(raw, loc)))
-    if not labels:
-        raise r.fail(loc, "needs at least one label")
     if len(set(labels)) != len(labels):
         raise r.fail(loc, f"labels repeat: {list(labels)}")
     return StrataSpec(name, labels)
