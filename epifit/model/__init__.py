@@ -40,9 +40,11 @@ from epifit.model._spec import ObservationSpec as ObservationSpec
 from epifit.model._spec import OutflowSpec as OutflowSpec
 from epifit.model._spec import ParameterSpec as ParameterSpec
 from epifit.model._spec import SmoothingSpec as SmoothingSpec
+from epifit.model._spec import StrataSpec as StrataSpec
 from epifit.model._spec import TimeBasisSpec as TimeBasisSpec
 from epifit.model._spec import TransitionSpec as TransitionSpec
 from epifit.model._state import STATE_NAMES as STATE_NAMES
+from epifit.model._strata import cell_array as cell_array
 from epifit.model._transform import TRANSFORMS as TRANSFORMS
 from epifit.model._transform import bounds_error as bounds_error
 from epifit.model._transform import constrain as constrain

@@ -40,6 +40,7 @@ from epifit.model._plan import Plan, make_plan
 from epifit.model._precompute import args_and_inputs, covariate_arrays, day_rule
 from epifit.model._section import range_violations
 from epifit.model._spec import CovariateSpec, ModelSpec, ObservationSpec
+from epifit.model._strata import cell_value, stratum_shape, sum_strata
 from epifit.model._transform import constrain, default_bounds, unconstrain, value_error
 from epifit.model._vector_field import right_hand_side
 from epifit.ode import PiecewiseConstant
@@ -75,11 +76,25 @@ class CompiledModel(eqx.Module):
     spec: ModelSpec = eqx.field(static=True)
     plan: Plan = eqx.field(static=True)
     days: int | None = eqx.field(static=True)
+    patches: int | None = eqx.field(static=True)
 
-    def __init__(self, spec: ModelSpec, days: int | None = None):
+    def __init__(
+        self, spec: ModelSpec, days: int | None = None, patches: int | None = None
+    ):
         self.spec = spec
         self.plan = make_plan(spec)
         self.days = None if days is None else int(days)
+        self.patches = None if patches is None else int(patches)
+
+    def bind_patches(self, n_patches: int) -> CompiledModel:
+        """Bound to `n_patches` patches (`Problem` does it): with `[strata]`,
+        per-stratum values are tiled over them onto the cells."""
+        if self.spec.strata is None or n_patches == self.patches:
+            return self
+        return CompiledModel(self.spec, self.days, int(n_patches))
+
+    n_strata = property(lambda self: getattr(self.spec.strata, "size", 1))
+    """The strata of `[strata]` (1 without)."""
 
     def bind_days(self, days: int) -> CompiledModel:
         """This model bound to `days` days (`Problem` does it with the days it
@@ -92,7 +107,7 @@ class CompiledModel(eqx.Module):
             raise TypeError(f"days must be an int, got {days!r}")
         if days < 1:
             raise ValueError(f"days must be >= 1, got {days}")
-        return CompiledModel(self.spec, int(days))
+        return CompiledModel(self.spec, int(days), self.patches)
 
     @property
     def time_varying_parameters(self) -> tuple[str, ...]:
@@ -181,7 +196,9 @@ class CompiledModel(eqx.Module):
         params: dict[str, Any] = {}
         for p in self.spec.parameters:
             value = np.asarray(p.value, dtype=np.float64)
-            if p.per_patch:
+            if p.per_stratum:
+                value = np.broadcast_to(value, stratum_shape(p, n_patches, self))
+            elif p.per_patch:
                 if value.ndim == 1 and value.size != n_patches:
                     raise self._fail(
                         f"parameters.{p.name}.value",
@@ -240,9 +257,26 @@ class CompiledModel(eqx.Module):
         for n in self.spec.neural:
             out[n.name] = params[n.name]
         derived = {d.name: d.expression for d in self.spec.derived}
+        env = self._on_cells(out)
         for name in self.plan.derived_order:
-            out[name] = derived[name].evaluate(out)
+            out[name] = env[name] = derived[name].evaluate(env)
         return out
+
+    def _on_cells(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """With `[strata]`, the parameters' values on the cell axis."""
+        out = dict(values)
+        if self.spec.strata is None:
+            return out
+        for p in self.spec.parameters:
+            out[p.name] = cell_value(
+                values[p.name], p.per_patch, p.per_stratum, self.patches, self.n_strata
+            )
+        return out
+
+    def cell_values(self, params: Params) -> dict[str, Any]:
+        """`constrain(params)` on the structure axis: with `[strata]`, per-patch
+        and per-stratum values expanded to the cells (patch-major)."""
+        return self._on_cells(self.constrain(params))
 
     def range_violations(self, values: Mapping[str, Any]) -> list[str]:
         """The fields whose required range (rates >= 0, probabilities in
@@ -354,12 +388,12 @@ class CompiledModel(eqx.Module):
         default the covariates' days, else the bound days) whose grid is the
         covariates' (the `floor` rule without time-varying covariates).
         """
-        values = self.constrain(params)
+        values = self.cell_values(params)
         arrays, _, n_cov = covariate_arrays(self.spec, params, covariates or {})
         daily = None
         if self.time_varying_parameters:
             n_cov = max(n_cov or 0, n_days or 0) or self._horizon()
-            daily = self.daily_values(params, n_cov)
+            daily = self._on_cells(self.daily_values(params, n_cov))
         return args_and_inputs(
             self.spec, self.plan, values, arrays, n_cov, n_patches, daily
         )
@@ -397,7 +431,7 @@ class CompiledModel(eqx.Module):
         `(patch,)` (stage 1) or `(stage, patch)`; unlisted compartments start at 0.
         Each observed flow's accumulator (`flow_key`, `(1, patch)`) starts at 0.
         """
-        y0 = initial_state_of(self.spec, self.constrain(params), data, n_patches)
+        y0 = initial_state_of(self.spec, self.cell_values(params), data, n_patches)
         if self.plan.flows:
             dtype = jnp.result_type(*jax.tree_util.tree_leaves(y0))
             for edge in self.plan.flows:
@@ -429,7 +463,7 @@ class CompiledModel(eqx.Module):
             for incidence and flows `(time - 1, patch)`, row `k` the amount
             over day `k -> k + 1` (reported on day `k + 1`).
         """
-        values = None if params is None else self.constrain(params)
+        values = None if params is None else self.cell_values(params)
         dims = {c.name: c.dims for c in self.spec.covariates}
         out = {}
         for obs in self.spec.observations:
@@ -438,6 +472,8 @@ class CompiledModel(eqx.Module):
                 series = report(
                     obs, series, values, covariates, dims, weekday, self._fail
                 )
+            if obs.strata == "sum":
+                series = sum_strata(series, self.n_strata)
             out[obs.name] = series
         return out
 

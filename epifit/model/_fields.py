@@ -25,6 +25,7 @@ TOP_LEVEL = (
     "name",
     "description",
     "compartments",
+    "strata",
     "parameters",
     "derived",
     "covariates",

@@ -30,10 +30,12 @@ from epifit.model._spec import (
     ParameterSpec,
     TransitionSpec,
 )
+from epifit.model._strata import STRATA_OBSERVED
 
 __all__ = ["Observations", "edges_of", "read_observations"]
 
 FIELDS = (
+    "strata",
     "compartments",
     "transition",
     "family",
@@ -119,6 +121,7 @@ def read_observations(
                 _delay(ctx, t, loc),
                 week,
                 _period(ctx, t, loc),
+                _strata(ctx, t, loc),
             )
         )
     return Observations(tuple(out), tuple(parameters), tuple(derived))
@@ -387,3 +390,12 @@ def _week_effect(ctx: SectionContext, value: Any, location: str):
         ctx.constants[names[6]] = ctx.start[names[6]]
     ctx.used.update(names)
     return name, parameters, DerivedSpec(names[6], expr)
+
+
+def _strata(ctx: SectionContext, t, loc: str) -> str | None:
+    """`strata`: "sum" (the default) or "each" in a model with `[strata]`."""
+    if ctx.strata is None:
+        if "strata" in t:
+            raise ctx.r.fail(at(loc, "strata"), "needs a [strata] table")
+        return None
+    return ctx.r.choice(t.get("strata", "sum"), at(loc, "strata"), STRATA_OBSERVED)

@@ -58,7 +58,7 @@ def covariate_arrays(
         sizes.setdefault(dim, (size, where))
 
     for p in spec.parameters:
-        if p.per_patch and p.name in params:
+        if p.per_patch and p.name in params and spec.strata is None:
             agree(PATCH, int(jnp.shape(params[p.name])[-1]), f"parameters.{p.name}")
     in_sizes = {
         n.covariate: (n.in_size - int(n.time_input), n.name) for n in spec.neural

@@ -57,6 +57,7 @@ class SectionContext:
         self.symbols: dict[str, tuple[str, bool, bool]] = {}
         self.stages: dict[str, int] = {}
         self.covariate_dims: dict[str, tuple[str, ...]] = {}
+        self.strata = None  # the StrataSpec of `[strata]`, if any
         self.coupling_names: list[str] = []
         self.constants: dict[str, np.ndarray] = {}
         self.start: dict[str, np.ndarray] = {}

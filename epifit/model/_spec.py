@@ -27,6 +27,7 @@ __all__ = [
     "ModelSpec",
     "NeuralSpec",
     "ObservationSpec",
+    "StrataSpec",
     "OutflowSpec",
     "ParameterSpec",
     "SmoothingSpec",
@@ -91,6 +92,8 @@ class ParameterSpec:
         per_time: how it varies in time (`None`: constant); its coefficients
             have shape `(coefficient,)` or `(coefficient, patch)`.
         smoothing: a random-walk prior on those coefficients.
+        per_stratum: one value per stratum (`[strata]`), shape `(stratum,)`,
+            or `(patch, stratum)` with `per_patch`.
     """
 
     name: str
@@ -101,6 +104,7 @@ class ParameterSpec:
     per_patch: bool = False
     per_time: TimeBasisSpec | None = None
     smoothing: SmoothingSpec | None = None
+    per_stratum: bool = False
 
 
 @_frozen
@@ -216,11 +220,16 @@ class NeuralSpec:
 
 @_frozen
 class CovariateSpec:
-    """A covariate: its dims (named axes) and day lookup rule (`floor`/`nearest`)."""
+    """A covariate: its dims (named axes) and day lookup rule (`floor`/`nearest`).
+
+    In a model with `[strata]`, `dims` are the dims on the cell axis (the
+    patch axis of the compiled model: patch x stratum) and `data_dims` the
+    dims the data give (`("patch", "age")`, `("age", "age_to")`)."""
 
     name: str
     dims: tuple[str, ...]
     rule: str | None = None
+    data_dims: tuple[str, ...] | None = None
 
     @property
     def time_varying(self) -> bool:
@@ -276,6 +285,9 @@ class ObservationSpec:
     delay: DelaySpec | None = None
     week_effect: str | None = None
     period: int = 1
+    strata: str | None = None
+    """`"sum"` (compared summed over strata) or `"each"` (per stratum) in a
+    model with `[strata]`; `None` without."""
 
     @property
     def interval(self) -> bool:
@@ -300,6 +312,25 @@ class InitialSpec:
 
 
 @_frozen
+class StrataSpec:
+    """The `[strata]` axis: its name (a dim of the data, e.g. `age`) and its
+    labels in order. The compiled model's structure axis is the cell axis,
+    patch-major: cell `p * len(labels) + s` is stratum `s` of patch `p`."""
+
+    name: str
+    labels: tuple[str, ...]
+
+    @property
+    def to(self) -> str:
+        """The second axis of a matrix over strata (`age_to`)."""
+        return self.name + "_to"
+
+    @property
+    def size(self) -> int:
+        return len(self.labels)
+
+
+@_frozen
 class ModelSpec:
     """A complete, validated model. Compare with `==`; compile with
     [`compile_model`][epifit.model.compile_model].
@@ -321,6 +352,7 @@ class ModelSpec:
     observations: tuple[ObservationSpec, ...] = ()
     initial: tuple[InitialSpec, ...] = ()
     description: str = ""
+    strata: StrataSpec | None = None
     path: str | None = dataclasses.field(default=None, compare=False)
     range_checks: tuple = dataclasses.field(default=(), compare=False, repr=False)
     """`(location, context, expression)` of each expression whose field has a

@@ -43,6 +43,13 @@ from epifit.model._spec import (
     NeuralSpec,
     ParameterSpec,
 )
+from epifit.model._strata import (
+    cell_dims,
+    check_stratum_values,
+    read_per_stratum,
+    read_strata,
+    strata_dims_hint,
+)
 from epifit.model._transform import (
     TRANSFORMS,
     bounds_error,
@@ -79,6 +86,7 @@ def spec_from_dict(
     if "description" in ctx.raw:
         description = r.string(ctx.raw["description"], "description")
     compartments = _read_compartments(ctx)
+    ctx.strata = read_strata(ctx)
     covariates = _read_covariates(ctx)
     parameters = _read_parameters(ctx)
     neural = _read_neural(ctx)
@@ -114,6 +122,7 @@ def spec_from_dict(
         covariates=covariates,
         observations=observed.observations,
         initial=initial,
+        strata=ctx.strata,
         path=file,
         range_checks=tuple(ctx.range_checks),
     )
@@ -149,11 +158,17 @@ def _read_covariates(ctx: SectionContext) -> tuple[CovariateSpec, ...]:
             r.string(d, at(at(loc, "dims"), j))
             for j, d in enumerate(r.array(t["dims"], at(loc, "dims")))
         )
+        data_dims = None
+        if ctx.strata is not None:
+            data_dims, dims = dims, cell_dims(dims, ctx.strata)
+            if data_dims == dims:
+                data_dims = None
         if dims not in ALL_DIMS:
             raise r.fail(
                 at(loc, "dims"),
-                f"unsupported dims {list(dims)}; expected one of: "
-                + "; ".join(str(list(d)) for d in ALL_DIMS),
+                f"unsupported dims {list(data_dims or dims)}; expected one of: "
+                + "; ".join(str(list(d)) for d in ALL_DIMS)
+                + strata_dims_hint(ctx),
             )
         rule = None
         if TIME in dims:
@@ -181,7 +196,7 @@ def _read_covariates(ctx: SectionContext) -> tuple[CovariateSpec, ...]:
         ctx.declare(name, "covariate", loc)
         if dims in EXPRESSION_DIMS:
             ctx.symbols[name] = ("covariate", PATCH in dims, TIME in dims)
-        out.append(CovariateSpec(name, dims, rule))
+        out.append(CovariateSpec(name, dims, rule, data_dims))
     ctx.covariate_dims = {c.name: c.dims for c in out}
     return tuple(out)
 
@@ -190,6 +205,7 @@ def _read_parameters(ctx: SectionContext) -> tuple[ParameterSpec, ...]:
     r = ctx.r
     out = []
     fields = ("transform", "bounds", "fixed", "per_patch", "per_time", "smoothing")
+    fields += ("per_stratum",)
     for name, entry, loc in ctx.named_tables("parameters"):
         name = r.identifier(name, loc, "parameter")
         t = r.table(entry, loc, required=("value",), optional=fields)
@@ -198,6 +214,7 @@ def _read_parameters(ctx: SectionContext) -> tuple[ParameterSpec, ...]:
         )
         fixed = r.boolean(t.get("fixed", False), at(loc, "fixed"))
         per_patch = r.boolean(t.get("per_patch", False), at(loc, "per_patch"))
+        per_stratum = read_per_stratum(ctx, t, loc)
         lo, hi = default_bounds(transform)
         if "bounds" in t:
             bl = at(loc, "bounds")
@@ -211,7 +228,7 @@ def _read_parameters(ctx: SectionContext) -> tuple[ParameterSpec, ...]:
         vl = at(loc, "value")
         raw_value = t["value"]
         if isinstance(raw_value, list | tuple):
-            if not per_patch:
+            if not (per_patch or per_stratum):
                 raise r.fail(
                     vl, "a list of values needs per_patch = true (one per patch)"
                 )
@@ -226,9 +243,11 @@ def _read_parameters(ctx: SectionContext) -> tuple[ParameterSpec, ...]:
             if (why := value_error(transform, v, lo, hi)) is not None:
                 raise r.fail(vl, why)
         per_time, smoothing = _read_time_fields(ctx, t, loc, fixed)
+        if per_stratum:
+            check_stratum_values(ctx, loc, len(values), per_time)
         ctx.declare(name, "parameter", loc)
         kind = "parameter" if per_time is None else "time-varying parameter"
-        ctx.symbols[name] = (kind, per_patch, per_time is not None)
+        ctx.symbols[name] = (kind, per_patch or per_stratum, per_time is not None)
         ctx.start[name] = np.asarray(value, np.float64)
         if fixed:
             ctx.constants[name] = ctx.start[name]
@@ -243,6 +262,7 @@ def _read_parameters(ctx: SectionContext) -> tuple[ParameterSpec, ...]:
                 per_patch,
                 per_time,
                 smoothing,
+                per_stratum,
             )
         )
     return tuple(out)

@@ -31,6 +31,13 @@ from epifit.simulation._stamps import (
     stamps_of,
     weekday_of,
 )
+from epifit.simulation._strata import (
+    align_strata,
+    cell_covariates,
+    cell_initial,
+    cell_observed,
+    observed_dims,
+)
 
 
 class Problem:
@@ -98,9 +105,8 @@ class Problem:
         if days is None:
             raise ValueError("Without data, give the number of days to solve for.")
         self.dataset = None
-        self.patches = _default_patches(n_patches)
-        self.n_patches = len(self.patches)
-        check_days(self.model, self.n_patches, days)
+        self._set_patches(_default_patches(n_patches))
+        check_days(self.model, self.n_cells, days)
         self.ts = np.arange(days, dtype=np.float64)
         self.dates = None
         self.covariates, self.initial_data = {}, {}
@@ -111,8 +117,11 @@ class Problem:
         """Validate `data` against the model and store it as arrays: the
         patches, the time axis, covariates, initial data, observations."""
         spec = self.spec
-        covariates = {c.name: c.dims for c in spec.covariates}
-        observations = _observed_dims(spec, data)
+        covariates = {c.name: c.data_dims or c.dims for c in spec.covariates}
+        observations = observed_dims(spec, data)
+        initial_vars = _initial_variables(spec)
+        names = [*covariates, *observations, *initial_vars]
+        data = align_strata(data, spec, names, self.data_path)
         self.missing_observations = [
             o.name for o in spec.observations if o.name not in data.data_vars
         ]
@@ -123,21 +132,31 @@ class Problem:
             subset_patches=subset_patches,
         )
         ds = bound.dataset
-        initial_vars = _initial_variables(spec)
         _check_initial_variables(ds, initial_vars)
         self.dataset = ds
-        self.patches = _patch_labels(bound, PATCH in data.dims, n_patches)
-        self.n_patches = len(self.patches)
+        self._set_patches(_patch_labels(bound, PATCH in data.dims, n_patches))
         if days is not None:
-            check_days(self.model, self.n_patches, days)
+            check_days(self.model, self.n_cells, days)
         self.ts, self.dates = _time_axis(ds, bound, days)
         _check_daily_covariates(spec, bound, self.data_path)
-        self.covariates = _covariate_arrays(bound.covariates, covariates, self.dtype)
-        self.initial_data = _initial_arrays(ds, initial_vars, self.dtype)
+        self.covariates = _covariate_arrays(
+            cell_covariates(spec, bound.covariates, self.n_patches),
+            {c.name: c.dims for c in spec.covariates},
+            self.dtype,
+        )
+        self.initial_data = _initial_arrays(ds, initial_vars, self.dtype, self)
         self.stamps = _stamps(spec, ds, bound, self.ts.size, self.data_path)
         self.observed, self.mask = _observation_arrays(
             bound, observations, self.stamps, self.dtype
         )
+
+    def _set_patches(self, patches: tuple[str, ...]) -> None:
+        """The patches; with `[strata]` the model is bound to them and its
+        structure axis is the `n_cells = n_patches * n_strata` cells."""
+        self.patches = patches
+        self.n_patches = len(patches)
+        self.model = self.model.bind_patches(self.n_patches)
+        self.n_cells = self.n_patches * self.model.n_strata
 
     # ------------------------------------------------------------------ solving
     @property
@@ -186,7 +205,7 @@ class Problem:
         """
         settings = SolverSettings.of(settings, **overrides)
         arrays = self.arrays if arrays is None else arrays
-        run = ModelRun(self.model, self.ts, self.n_patches, self.dtype, settings)
+        run = ModelRun(self.model, self.ts, self.n_cells, self.dtype, settings)
         return run(params, arrays["covariates"], arrays["initial"], throw=throw)
 
     def predict(self, params, ys, arrays=None) -> dict[str, jnp.ndarray]:
@@ -302,17 +321,6 @@ def _default_patches(n_patches: int | None) -> tuple[str, ...]:
     return tuple(f"p{i}" for i in range(n_patches or 1))
 
 
-def _observed_dims(spec: ModelSpec, data: xr.Dataset) -> dict[str, tuple[str, ...]]:
-    """The dims, `(time[, patch])`, of each observed series the data hold."""
-    observations = {}
-    for o in spec.observations:
-        if o.name in data.data_vars:
-            observations[o.name] = tuple(
-                d for d in (TIME, PATCH) if d in data[o.name].dims
-            )
-    return observations
-
-
 def _check_initial_variables(ds: xr.Dataset, names: list[str]) -> None:
     for name in names:
         if name not in ds.data_vars:
@@ -367,11 +375,16 @@ def _covariate_arrays(values: Mapping[str, Any], dims, dt) -> dict[str, Any]:
     return covariates
 
 
-def _initial_arrays(ds: xr.Dataset, names: list[str], dt) -> dict[str, Any]:
-    """The initial-state variables, `(patch,)` or `(stage, patch)`."""
+def _initial_arrays(ds: xr.Dataset, names: list[str], dt, problem) -> dict:
+    """The initial-state variables, `(patch,)` or `(stage, patch)` (on the
+    cells with `[strata]`)."""
     initial = {}
     for name in names:
         da = ds[name]
+        if problem.spec.strata is not None:
+            v = cell_initial(problem.spec, da, problem.n_patches)
+            initial[name] = jnp.asarray(v, dt)
+            continue
         dims = [d for d in da.dims if d != PATCH] + (
             [PATCH] if PATCH in da.dims else []
         )
@@ -389,6 +402,7 @@ def _observation_arrays(bound, observations, stamps, dt) -> tuple[dict, dict]:
         mask = bound.mask[name][rows]
         if PATCH not in dims:
             obs, mask = obs[:, None], mask[:, None]
+        obs, mask = cell_observed(obs), cell_observed(mask)
         observed[name] = jnp.asarray(obs, dt)
         masks[name] = jnp.asarray(mask)
     return observed, masks

@@ -258,6 +258,20 @@ def _period_text(period: int) -> str:
     return f" (the sum over the {period} days ending on each date)"
 
 
+def _cells(problem: Problem, each: bool = True) -> tuple[str, ...]:
+    """The dims of the structure axis in the output: `(patch,)`, or `(patch,
+    STRATUM)` for the cells of a model with `[strata]`."""
+    strata = problem.spec.strata
+    return (PATCH,) if strata is None or not each else (PATCH, strata.name)
+
+
+def _on_cells(problem: Problem, a: np.ndarray, each: bool = True) -> np.ndarray:
+    """`(..., cell)` as `(..., patch, stratum)` with `[strata]`."""
+    if problem.spec.strata is None or not each:
+        return a
+    return a.reshape(*a.shape[:-1], problem.n_patches, problem.model.n_strata)
+
+
 def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Dataset:
     model = problem.model
     ys = {k: np.asarray(v) for k, v in sol.ys.items()}
@@ -280,10 +294,14 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
         PATCH: list(problem.patches),
         "compartment_of_row": ("state_row", comp_of_row),
     }
+    strata = problem.spec.strata
+    if strata is not None:
+        coords[strata.name] = list(strata.labels)
+    each = {o.name: o.strata != "sum" for o in problem.spec.observations}
     data_vars = {
         "state": (
-            (TIME, "state_row", PATCH),
-            state,
+            (TIME, "state_row", *_cells(problem)),
+            _on_cells(problem, state),
             {
                 "long_name": "state of every stage of every compartment",
                 "units": units,
@@ -293,8 +311,8 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
     }
     for name in model.compartments:
         data_vars[name] = (
-            (TIME, PATCH),
-            ys[name].sum(axis=1),
+            (TIME, *_cells(problem)),
+            _on_cells(problem, ys[name].sum(axis=1)),
             {
                 "long_name": f"compartment {name}, all stages",
                 "units": units,
@@ -305,8 +323,12 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
     for name, series in problem.predict(params, sol.ys).items():
         obs_units, obs_from = _data_units(problem, name, (units, units_from))
         data_vars[f"predicted_{name}"] = (
-            (TIME, PATCH),
-            _on_days(np.asarray(series), problem.stamps[name].days, n_t),
+            (TIME, *_cells(problem, each[name])),
+            _on_cells(
+                problem,
+                _on_days(np.asarray(series), problem.stamps[name].days, n_t),
+                each[name],
+            ),
             {
                 "long_name": f"model prediction of '{name}'"
                 + _period_text(problem.stamps[name].period),
@@ -320,8 +342,10 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
             obs_units, obs_from = _data_units(problem, name, _UNDECLARED)
             long_name = problem.dataset[name].attrs.get("long_name", name)
             data_vars[f"observed_{name}"] = (
-                (TIME, PATCH),
-                _on_days(o, problem.stamps[name].days, n_t),
+                (TIME, *_cells(problem, each[name])),
+                _on_cells(
+                    problem, _on_days(o, problem.stamps[name].days, n_t), each[name]
+                ),
                 {
                     "long_name": f"observed: {long_name}",
                     "units": obs_units,

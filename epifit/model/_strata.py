@@ -1,0 +1,200 @@
+"""Strata beside patches: a second structure axis laid onto the patch axis.
+
+A model with `[strata] age = ["0-19", "20-64", "65+"]` is compiled on the
+*cell* axis, patch-major: cell `p * n_strata + s` is stratum `s` of patch
+`p`. Everything below the model's boundary (the plan, the vector field, the
+couplings, the solver and its adjoints) sees one structure axis, the cells,
+as it sees patches in a model without strata. This module holds the
+translations at that boundary: the dims of a covariate on the cell axis, a
+data array flattened onto the cells (contact matrices as `kron(I_patch, C)`,
+patch couplings as `kron(M, I_strata)`), parameter values expanded to the
+cells, and predictions summed over strata. See docs/models.md, *Strata*.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from epifit._schema import PATCH, PATCH_TO
+from epifit._toml import at
+from epifit.model._spec import StrataSpec
+
+__all__ = [
+    "STRATA_OBSERVED",
+    "cell_array",
+    "cell_dims",
+    "cell_value",
+    "check_stratum_values",
+    "read_per_stratum",
+    "read_strata",
+    "strata_dims_hint",
+    "stratum_shape",
+    "sum_strata",
+]
+
+STRATA_OBSERVED = ("sum", "each")
+"""`strata` of an observation: compared summed over strata, or per stratum."""
+
+
+def read_strata(ctx) -> StrataSpec | None:
+    """`[strata]`: exactly one `NAME = [labels]` (unique strings), or `None`."""
+    if "strata" not in ctx.raw:
+        return None
+    r = ctx.r
+    t = ctx.raw["strata"]
+    if not isinstance(t, Mapping) or len(t) != 1:
+        raise r.fail(
+            "strata",
+            f'expected one stratum axis (e.g. age = ["0-19", "65+"]), got {t!r}',
+        )
+    ((name, raw),) = t.items()
+    loc = at("strata", name)
+    if not (isinstance(name, str) and name.isidentifier()) or name in (
+        PATCH,
+        PATCH_TO,
+        "time",
+        "feature",
+        "stage",
+    ):
+        raise r.fail(
+            loc,
+            f"{name!r} is not a usable axis name (an identifier "
+            "other than time, patch, patch_to, feature, stage)",
+        )
+    labels = tuple(r.string(v, at(loc, j)) for j, v in enumerate(r.array(raw, loc)))
+    if len(set(labels)) != len(labels):
+        raise r.fail(loc, f"labels repeat: {list(labels)}")
+    return StrataSpec(name, labels)
+
+
+def read_per_stratum(ctx, t, loc: str) -> bool:
+    """The `per_stratum` field: needs `[strata]`."""
+    if "per_stratum" not in t:
+        return False
+    value = ctx.r.boolean(t["per_stratum"], at(loc, "per_stratum"))
+    if value and ctx.strata is None:
+        raise ctx.r.fail(
+            at(loc, "per_stratum"),
+            "per_stratum = true needs a [strata] table (e.g. [strata] "
+            'age = ["0-19", "20-64", "65+"])',
+        )
+    return value
+
+
+def strata_dims_hint(ctx) -> str:
+    """What a model with `[strata]` may also give as dims."""
+    if ctx.strata is None:
+        return ""
+    a = ctx.strata.name
+    return (
+        f"; with [strata] {a} also [{a!r}], ['patch', {a!r}], ['time', {a!r}], "
+        f"['time', 'patch', {a!r}] and the contact matrix [{a!r}, {ctx.strata.to!r}]"
+    )
+
+
+def check_stratum_values(ctx, loc: str, n_values: int, per_time) -> None:
+    """A per_stratum parameter: one value or one per stratum, constant in time."""
+    if n_values not in (1, ctx.strata.size):
+        raise ctx.r.fail(
+            at(loc, "value"),
+            f"has {n_values} values but [strata] {ctx.strata.name} has "
+            f"{ctx.strata.size} strata",
+        )
+    if per_time is not None:
+        raise ctx.r.fail(
+            at(loc, "per_time"), "per_stratum parameters cannot vary in time yet"
+        )
+
+
+def cell_dims(dims: tuple[str, ...], strata: StrataSpec) -> tuple[str, ...]:
+    """The dims of a covariate on the cell axis: the stratum axis is dropped
+    beside `patch` and becomes `patch` alone; `NAME_to` becomes `patch_to`."""
+    a, a_to = strata.name, strata.to
+    out = []
+    for d in dims:
+        if d == a:
+            if PATCH not in dims:
+                out.append(PATCH)
+        elif d == a_to:
+            if PATCH_TO not in dims:
+                out.append(PATCH_TO)
+        else:
+            out.append(d)
+    return tuple(out)
+
+
+def cell_array(
+    dims: tuple[str, ...], array: Any, n_patches: int, strata: StrataSpec
+) -> np.ndarray:
+    """A concrete data array of `dims` (the data's) on the cell axis.
+
+    `(.., age)` is tiled over patches, `(.., patch, age)` flattened,
+    `(.., patch)` repeated over strata; a contact matrix `(.., age, age_to)`
+    becomes `kron(I_patch, C)` (mixing within each patch), a patch coupling
+    `(.., patch, patch_to)` becomes `kron(M, I_strata)` (each stratum meets
+    the same stratum elsewhere)."""
+    a, a_to, S, P = strata.name, strata.to, strata.size, n_patches
+    x = np.asarray(array)
+    dims = list(dims)
+    if a_to in dims:
+        if PATCH in dims or PATCH_TO in dims:
+            raise ValueError(f"dims {dims}: a stratum matrix is not per patch")
+        x = np.moveaxis(x, [dims.index(a), dims.index(a_to)], [-2, -1])
+        eye = np.eye(P, dtype=x.dtype)
+        return np.einsum("pq,...st->...psqt", eye, x).reshape(
+            *x.shape[:-2], P * S, P * S
+        )
+    if PATCH_TO in dims:
+        x = np.moveaxis(x, [dims.index(PATCH), dims.index(PATCH_TO)], [-2, -1])
+        eye = np.eye(S, dtype=x.dtype)
+        return np.einsum("...pq,st->...psqt", x, eye).reshape(
+            *x.shape[:-2], P * S, P * S
+        )
+    if a in dims and PATCH in dims:
+        i = dims.index(PATCH)
+        x = np.moveaxis(x, dims.index(a), i + 1 if dims.index(a) > i else i)
+        return x.reshape(*x.shape[:i], P * S, *x.shape[i + 2 :])
+    if a in dims:
+        i = dims.index(a)
+        x = np.moveaxis(x, i, -1)
+        x = np.tile(x, (1,) * (x.ndim - 1) + (P,))
+        return np.moveaxis(x, -1, i)
+    if PATCH in dims:
+        return np.repeat(x, S, axis=dims.index(PATCH))
+    return x
+
+
+def cell_value(
+    value: Any, per_patch: bool, per_stratum: bool, n_patches: int | None, S: int
+) -> Any:
+    """A parameter's value on the cells: `(.., patch, stratum)` flattened,
+    `(.., stratum)` tiled over patches, `(.., patch)` repeated over strata."""
+    if per_stratum and per_patch:
+        return jnp.reshape(value, (*jnp.shape(value)[:-2], -1))
+    if per_stratum:
+        if n_patches is None:
+            raise ValueError(
+                "a per_stratum parameter needs the number of patches: bind the "
+                "model first (model.bind_patches(n_patches), which "
+                "epifit.simulation.Problem does)"
+            )
+        return jnp.tile(value, (1,) * (jnp.ndim(value) - 1) + (n_patches,))
+    if per_patch:
+        return jnp.repeat(value, S, axis=-1)
+    return value
+
+
+def stratum_shape(p, n_patches: int, model) -> tuple[int, ...]:
+    """The shape of per_stratum parameter `p`: `(stratum,)` or `(patch, stratum)`."""
+    S = model.n_strata
+    return (n_patches, S) if p.per_patch else (S,)
+
+
+def sum_strata(series: Any, S: int) -> Any:
+    """`(day, cell)` summed over strata: `(day, patch)`."""
+    n, c = jnp.shape(series)
+    return jnp.sum(jnp.reshape(series, (n, c // S, S)), axis=-1)
