@@ -25,7 +25,7 @@ from epifit.forecasting._ensemble import (
     iter_ensemble,
     param_template,
 )
-from epifit.forecasting._horizon import Horizon
+from epifit.forecasting._horizon import Horizon, check_forecastable
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
 from epifit.forecasting._summary import first_row, summarize
@@ -245,7 +245,7 @@ def prepare_forecast(
             "scenario file."
         )
     q = _check_numbers(days, samples, seed, quantiles)
-    model = problem.model
+    model = check_forecastable(problem.model)
     observations = tuple(o.name for o in model.spec.observations)
     compartments = _check_compartments(model, tuple(compartments), observations)
     horizon = _horizon(problem, days, samples, len(observations + compartments))
