@@ -18,6 +18,13 @@ from epifit.model._expression import Expression as Expression
 from epifit.model._expression import parse_expression as parse_expression
 from epifit.model._load import load_model as load_model
 from epifit.model._load import loads_model as loads_model
+from epifit.model._reproduction import (
+    basic_reproduction_number as basic_reproduction_number,
+)
+from epifit.model._reproduction import reproduction_number as reproduction_number
+from epifit.model._reproduction import (
+    reproduction_number_of as reproduction_number_of,
+)
 from epifit.model._serialize import parameters_json as parameters_json
 from epifit.model._spec import BranchSpec as BranchSpec
 from epifit.model._spec import CompartmentSpec as CompartmentSpec

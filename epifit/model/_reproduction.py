@@ -47,7 +47,8 @@ __all__ = [
 
 # the dense method up to this many (infection, patch) types under "auto"
 DENSE_MAX = 64
-# power iteration: relative change of the estimate, most iterations
+# power iteration: the largest change of the eigenvectors (scaled to a
+# largest entry of 1) at which it stops, and the most iterations
 POWER_RTOL = 1e-10
 POWER_MAX_ITER = 2000
 
@@ -246,19 +247,19 @@ def _radius_power(apply, apply_sg, shape, dtype) -> Array:
     shift = 0.25 * jnp.mean(transpose(ones)[0])  # against periodic matrices
 
     def step(carry):
-        v, u, rho, _, k = carry
+        v, u, _, k = carry
         kv, ku = apply_sg(v) + shift * v, transpose(u)[0] + shift * u
         v2 = kv / jnp.maximum(jnp.max(jnp.abs(kv)), jnp.finfo(dtype).tiny)
         u2 = ku / jnp.maximum(jnp.max(jnp.abs(ku)), jnp.finfo(dtype).tiny)
-        return v2, u2, _quotient(apply_sg, u2, v2), rho, k + 1
+        change = jnp.maximum(jnp.max(jnp.abs(v2 - v)), jnp.max(jnp.abs(u2 - u)))
+        return v2, u2, change, k + 1
 
     def more(carry):
-        _, _, rho, old, k = carry
-        close = jnp.abs(rho - old) <= POWER_RTOL * jnp.abs(rho)
-        return (k < POWER_MAX_ITER) & ~close
+        _, _, change, k = carry
+        return (k < POWER_MAX_ITER) & (change > POWER_RTOL)
 
-    nan = jnp.asarray(jnp.nan, dtype)
-    v, u, *_ = jax.lax.while_loop(more, step, (ones, ones, nan, nan, 0))
+    inf = jnp.asarray(jnp.inf, dtype)
+    v, u, *_ = jax.lax.while_loop(more, step, (ones, ones, inf, 0))
     v, u = jax.lax.stop_gradient(v), jax.lax.stop_gradient(u)
     return _quotient(apply, u, v)
 

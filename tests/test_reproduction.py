@@ -1,0 +1,340 @@
+"""The reproduction number from the declared model (`epifit.model._reproduction`):
+closed forms, hand-built next-generation matrices, gradients, the reference
+metapopulation model."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import MODELS
+
+from epifit.model import (
+    basic_reproduction_number,
+    compile_model,
+    load_model,
+    loads_model,
+    reproduction_number,
+)
+from epifit.model._reproduction import infected_states
+from epifit.ode import solve
+
+
+def _model(text: str):
+    return compile_model(loads_model('name = "m"\n' + text))
+
+
+def _values(model, n_patches=1, **values):
+    """Unconstrained parameters with these constrained values."""
+    v = model.constrain(model.init_params(n_patches))
+    v = {k: v[k] for k in [p.name for p in model.spec.parameters]}
+    v.update({k: jnp.asarray(x, float) for k, x in values.items()})
+    return model.unconstrain(v)
+
+
+SEIR = """
+compartments = [
+    "S", {{ name = "E", stages = {k} }}, {{ name = "I", stages = {m} }}, "R"
+]
+[parameters]
+N = {{ value = 1000.0, fixed = true }}
+beta = {{ value = 0.6, transform = "softplus" }}
+sigma = {{ value = 0.4, transform = "softplus" }}
+gamma = {{ value = 0.2, transform = "softplus" }}
+[[infections]]
+from = "S"
+to = "E"
+transmission = "beta"
+infectious = ["I"]
+normalize = "population"
+population = "N"
+[[transitions]]
+from = "E"
+to = "I"
+rate = "sigma"
+{per_e}
+[[transitions]]
+from = "I"
+to = "R"
+rate = "gamma"
+{per_i}
+[initial]
+S = "N - 1"
+I = 1.0
+"""
+
+
+def _seir(k=1, m=1, rate_per="chain"):
+    per = f'rate_per = "{rate_per}"'
+    return _model(
+        SEIR.format(k=k, m=m, per_e=per if k > 1 else "", per_i=per if m > 1 else "")
+    )
+
+
+def test_r0_sir_is_beta_over_gamma():
+    model = compile_model(load_model(MODELS / "sir.toml"))
+    params = _values(model, beta=1.7, gamma=0.45)
+    r0 = basic_reproduction_number(model, params)
+    np.testing.assert_allclose(r0["R0"], [1.7 / 0.45], rtol=1e-12)
+    np.testing.assert_allclose(r0["R0_total"], 1.7 / 0.45, rtol=1e-12)
+
+
+@pytest.mark.parametrize("k, m", [(1, 1), (3, 1), (1, 4), (3, 4)])
+def test_r0_boxcar_seir_chain_convention_is_beta_over_gamma(k, m):
+    model = _seir(k, m, "chain")
+    params = _values(model, beta=0.6, sigma=0.4, gamma=0.2)
+    assert len(infected_states(model.plan, model.stages)) == k + m
+    r0 = basic_reproduction_number(model, params)
+    np.testing.assert_allclose(r0["R0_total"], 0.6 / 0.2, rtol=1e-12)
+
+
+def test_r0_seir_per_stage_rates():
+    # each of the m stages left at gamma: mean time infectious m / gamma
+    model = _seir(2, 3, "stage")
+    params = _values(model, beta=0.6, sigma=0.4, gamma=0.2)
+    r0 = basic_reproduction_number(model, params)
+    np.testing.assert_allclose(r0["R0_total"], 0.6 * 3 / 0.2, rtol=1e-12)
+
+
+BRANCHED = """
+compartments = [
+    "S", "E", { name = "I", stages = 3 }, { name = "H", stages = 2 }, "R", "D"
+]
+[parameters]
+beta = { value = 0.5, transform = "softplus" }
+sigma = { value = 0.3, transform = "softplus" }
+gamma = { value = 0.25, transform = "softplus" }
+eta = { value = 0.1, transform = "softplus" }
+p = { value = 0.2, transform = "sigmoid" }
+w = { value = 0.3, transform = "softplus" }
+[[infections]]
+from = "S"
+to = "E"
+transmission = "beta"
+infectious = [
+    { compartment = "I", stages = [1, 3] }, { compartment = "H", weight = "w" }
+]
+[[transitions]]
+from = "E"
+to = "I"
+rate = "sigma"
+[[transitions]]
+from = "I"
+rate = "gamma"
+rate_per = "stage"
+branches = [{ to = "H", probability = "p" }, { to = "R" }]
+[[transitions]]
+from = "H"
+rate_per = "chain"
+branches = [{ to = "D", rate = "0.25 * eta" }, { to = "R", rate = "0.75 * eta" }]
+[initial]
+S = 0.99
+E = 0.01
+"""
+
+
+def test_r0_with_a_branch_and_infectious_weights():
+    model = _model(BRANCHED)
+    params = model.init_params(1)
+    b, g, eta, p, w = 0.5, 0.25, 0.1, 0.2, 0.3
+    # I: 3 stages at gamma each (1/gamma per stage), stages 1 and 3
+    # infectious (stage 2 leads to 3: infected); a fraction p goes on to H: 2
+    # stages left at 2 * eta (rates summed over branches), 1 / eta in all,
+    # weight w
+    expected = b * 0.99 * (2 / g + p * w / eta)
+    r = reproduction_number(
+        model, {c: y[None] for c, y in _state(model).items()}, params
+    )
+    np.testing.assert_allclose(r["R_eff_total"], [expected], rtol=1e-12)
+    states = infected_states(model.plan, model.stages)
+    assert ("R", 0) not in states and ("D", 0) not in states
+    assert states[0] == ("E", 0) and len(states) == 1 + 3 + 2
+
+
+def _state(model, n_patches=1):
+    return {
+        c: jnp.asarray(v)
+        for c, v in model.initial_state(
+            model.init_params(n_patches), None, n_patches
+        ).items()
+    }
+
+
+def _solve(model, params, days, covariates=None):
+    n = 1
+    args, inputs = model.precompute(params, covariates, n)
+    y0 = model.initial_state(params, None, n)
+    sol = solve(
+        model.vector_field, y0, args, ts=np.arange(days, dtype=float), inputs=inputs
+    )
+    return sol.ys
+
+
+def test_r_eff_of_sir_is_r0_times_susceptible_fraction():
+    model = compile_model(load_model(MODELS / "sir.toml"))
+    params = _values(model, beta=1.7, gamma=0.45, I0=3.0)
+    ys = _solve(model, params, 20)
+    r = reproduction_number(model, ys, params)
+    s = np.asarray(ys["S"][:, 0, 0])
+    assert s[-1] < 0.5 * s[0]  # the epidemic has run: R_eff fell
+    np.testing.assert_allclose(r["R_eff"][:, 0], 1.7 / 0.45 * s / 763, rtol=1e-12)
+    np.testing.assert_allclose(r["R_eff_total"], r["R_eff"][:, 0], rtol=1e-12)
+
+
+COUPLED = """
+compartments = ["S", "E", "I", "R"]
+[parameters]
+beta = {{ value = [0.5, 0.8, 0.3], transform = "softplus", per_patch = true }}
+sigma = {{ value = 0.4, transform = "softplus" }}
+gamma = {{ value = [0.2, 0.25, 0.3], transform = "softplus", per_patch = true }}
+scale = {{ value = [1.0, 0.5, 2.0], transform = "softplus", per_patch = true }}
+[covariates]
+N = {{ dims = ["patch"] }}
+C = {{ dims = ["patch", "patch_to"] }}
+[couplings.mix]
+covariate = "C"
+scale = "scale"
+multiplier = {multiplier}
+local = {local}
+symmetrize = {symmetrize}
+[[infections]]
+from = "S"
+to = "E"
+transmission = "beta"
+infectious = ["I"]
+normalize = "population"
+population = "N"
+coupling = "mix"
+[[transitions]]
+from = "E"
+to = "I"
+rate = "sigma"
+[[transitions]]
+from = "I"
+to = "R"
+rate = "gamma"
+[initial]
+S = "N"
+"""
+
+
+def _hand_ngm(values, S, N, C, local, multiplier, symmetrize):
+    """F V^-1 over (state in E, I) x patch, built with NumPy."""
+    P = S.size
+    beta, gamma = np.asarray(values["beta"]), np.asarray(values["gamma"])
+    sigma, scale = float(values["sigma"]), np.asarray(values["scale"])
+    Cs = C + C.T if symmetrize else C
+    M = (
+        beta[:, None]
+        * S[:, None]
+        * (local * np.eye(P) + multiplier * scale[:, None] * Cs)
+        / N[None, :]
+    )
+    F = np.zeros((2 * P, 2 * P))
+    F[:P, P:] = M  # new E from I
+    V = np.zeros((2 * P, 2 * P))
+    V[:P, :P] = sigma * np.eye(P)
+    V[P:, :P] = -sigma * np.eye(P)
+    V[P:, P:] = np.diag(gamma)
+    return F @ np.linalg.inv(V)
+
+
+@pytest.mark.parametrize(
+    "local, multiplier, symmetrize", [(1.0, 1.0, "false"), (0.5, 2.0, "true")]
+)
+def test_coupled_patches_agree_with_a_hand_built_ngm(local, multiplier, symmetrize):
+    model = _model(
+        COUPLED.format(local=local, multiplier=multiplier, symmetrize=symmetrize)
+    )
+    params = model.init_params(3)
+    rng = np.random.default_rng(1)
+    N = np.array([1000.0, 500.0, 2000.0])
+    C = rng.uniform(0.0, 0.3, (3, 3))
+    S = N * np.array([0.9, 0.6, 0.8])
+    ys = {c: jnp.zeros((1, 1, 3)) for c in model.compartments}
+    ys["S"] = jnp.asarray(S)[None, None, :]
+    values = model.constrain(params)
+    K = _hand_ngm(values, S, N, C, local, multiplier, symmetrize == "true")
+    expected = np.max(np.abs(np.linalg.eigvals(K)))
+    cov = {"N": N, "C": C}
+    for method in ("dense", "power"):
+        r = reproduction_number(model, ys, params, cov, method=method)
+        np.testing.assert_allclose(r["R_eff_total"], [expected], rtol=1e-9)
+    # per patch: the new infections (anywhere) from one new infection in the
+    # patch, the column sums of K over the E rows of the E columns
+    np.testing.assert_allclose(r["R_eff"][0], K[:3, :3].sum(axis=0), rtol=1e-12)
+    lo, hi = float(r["R_eff"].min()), float(r["R_eff"].max())
+    assert lo <= float(r["R_eff_total"][0]) <= hi
+
+
+GROUPS = """
+compartments = ["S", "I", "R"]
+[parameters]
+q = { value = 0.05, transform = "softplus" }
+gamma = { value = 0.2, transform = "softplus" }
+[covariates]
+N = { dims = ["patch"] }
+contacts = { dims = ["patch", "patch_to"] }
+[couplings.age]
+covariate = "contacts"
+local = 0.0
+[[infections]]
+from = "S"
+to = "I"
+transmission = "q"
+infectious = ["I"]
+normalize = "population"
+population = "N"
+coupling = "age"
+[[transitions]]
+from = "I"
+to = "R"
+rate = "gamma"
+[initial]
+S = "N"
+"""
+
+
+def test_three_groups_with_a_contact_matrix_agree_with_numpy():
+    # patches as age groups: lambda_a = q * sum_b c[a, b] I_b / N_b
+    model = _model(GROUPS)
+    params = model.init_params(3)
+    c = np.array([[12.0, 4.0, 1.0], [4.0, 8.0, 2.0], [1.0, 2.0, 5.0]])
+    N = np.array([300.0, 500.0, 200.0])
+    S = N.copy()
+    K = 0.05 * S[:, None] * c / N[None, :] / 0.2
+    r0 = basic_reproduction_number(
+        model, params, {"N": N, "contacts": c}, initial={"N": N}, n_patches=3
+    )
+    np.testing.assert_allclose(
+        r0["R0_total"], np.max(np.abs(np.linalg.eigvals(K))), rtol=1e-10
+    )
+    np.testing.assert_allclose(r0["R0"], K.sum(axis=0), rtol=1e-12)
+
+
+def test_gradients_agree_with_finite_differences():
+    model = _model(COUPLED.format(local=1.0, multiplier=1.5, symmetrize="false"))
+    params = model.init_params(3)
+    rng = np.random.default_rng(2)
+    cov = {"N": np.array([1000.0, 500.0, 2000.0]), "C": rng.uniform(0, 0.3, (3, 3))}
+    ys = {c: jnp.zeros((2, 1, 3)) for c in model.compartments}
+    ys["S"] = jnp.asarray(cov["N"] * rng.uniform(0.5, 1.0, (2, 1, 3)))
+    for method in ("dense", "power"):
+
+        def total(p, method=method):
+            return reproduction_number(model, ys, p, cov, method=method)[
+                "R_eff_total"
+            ].sum()
+
+        grad = jax.grad(total)(params)
+        for name in ("beta", "gamma", "sigma", "scale"):
+            x = np.asarray(params[name], float)
+            for i in np.ndindex(x.shape):
+                h = 1e-6
+                up, down = x.copy(), x.copy()
+                up[i] += h
+                down[i] -= h
+                fd = (
+                    total({**params, name: jnp.asarray(up)})
+                    - total({**params, name: jnp.asarray(down)})
+                ) / (2 * h)
+                np.testing.assert_allclose(grad[name][i], fd, rtol=1e-6, atol=1e-9)
