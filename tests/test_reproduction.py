@@ -338,3 +338,101 @@ def test_gradients_agree_with_finite_differences():
                     - total({**params, name: jnp.asarray(down)})
                 ) / (2 * h)
                 np.testing.assert_allclose(grad[name][i], fd, rtol=1e-6, atol=1e-9)
+
+
+REFERENCE_INFECTED = (("E", 0), *(("ID", j) for j in range(3)))
+REFERENCE_INFECTED += tuple(("IR", j) for j in range(5))
+
+
+def _reference(n_patches, n_days, seed):
+    """The reference model with random covariates and a random state."""
+    model = compile_model(load_model(MODELS / "seird_metapop_mobility.toml"))
+    rng = np.random.default_rng(seed)
+    params = model.init_params(n_patches, key=jax.random.key(seed))
+    cov = {
+        "mobility": rng.normal(size=(n_days, n_patches, 7)),
+        "coupling": rng.uniform(0, 0.2, (n_days, n_patches, n_patches)),
+    }
+    ys = {
+        c: jnp.asarray(rng.uniform(0.0, 0.05, (n_days, k, n_patches)))
+        for c, k in model.stages.items()
+    }
+    ys["S"] = jnp.asarray(rng.uniform(0.3, 0.95, (n_days, 1, n_patches)))
+    return model, params, cov, ys
+
+
+def _ngm_from_vector_field(model, params, cov, ys, day):
+    """F V^-1 over the infected states x patches from the Jacobian of the
+    vector field: in the reference model only the E rows receive new
+    infections and no transition enters E, so F is the E rows of the
+    Jacobian without their diagonal, and V = F - J."""
+    n = ys["S"].shape[-1]
+    args, inputs = model.precompute(params, cov, n)
+    u = jax.tree.map(lambda a: a[day], inputs.values)
+    y = {c: ys[c][day] for c in model.compartments}
+
+    def f(x):
+        z = dict(y)
+        for i, (c, j) in enumerate(REFERENCE_INFECTED):
+            z[c] = z[c].at[j].set(x[i])
+        dy = model.vector_field(0.0, z, args, u)
+        return jnp.stack([dy[c][j] for c, j in REFERENCE_INFECTED])
+
+    x0 = jnp.stack([y[c][j] for c, j in REFERENCE_INFECTED])
+    m = len(REFERENCE_INFECTED)
+    J = np.asarray(jax.jacfwd(f)(x0)).reshape(m * n, m * n)
+    F = np.zeros_like(J)
+    F[:n] = J[:n]
+    F[np.arange(n), np.arange(n)] = 0.0
+    return F @ np.linalg.inv(F - J)
+
+
+def test_reference_model_agrees_with_the_ngm_of_its_vector_field():
+    model, params, cov, ys = _reference(5, 4, seed=3)
+    assert infected_states(model.plan, model.stages) == REFERENCE_INFECTED
+    dense = reproduction_number(model, ys, params, cov, method="dense")
+    power = reproduction_number(model, ys, params, cov, method="power")
+    for day in range(4):
+        K = _ngm_from_vector_field(model, params, cov, ys, day)
+        rho = np.max(np.abs(np.linalg.eigvals(K)))
+        np.testing.assert_allclose(dense["R_eff_total"][day], rho, rtol=1e-10)
+        np.testing.assert_allclose(power["R_eff_total"][day], rho, rtol=1e-10)
+        # column sums of the E rows: new infections from one new one in p
+        np.testing.assert_allclose(
+            dense["R_eff"][day], K[:5, :5].sum(axis=0), rtol=1e-10
+        )
+
+
+def test_reference_metapopulation_runs_on_its_data():
+    from epifit.simulation import Problem
+
+    problem = Problem(
+        MODELS / "seird_metapop_mobility.toml",
+        MODELS.parent / "data" / "synthetic_metapop_20.nc",
+    )
+    params = problem.init_params()
+    sol = problem.solve(params)
+    r = reproduction_number(
+        problem.model, sol.ys, params, problem.covariates, ts=problem.ts
+    )
+    total, patch = np.asarray(r["R_eff_total"]), np.asarray(r["R_eff"])
+    assert total.shape == (problem.ts.size,) and patch.shape == (problem.ts.size, 20)
+    assert np.all(np.isfinite(total)) and np.all(total > 0)
+    # the spectral radius of a non-negative matrix lies between its smallest
+    # and largest column sums
+    assert np.all(patch.min(axis=1) <= total * (1 + 1e-12))
+    assert np.all(total <= patch.max(axis=1) * (1 + 1e-12))
+    # the susceptibles are depleted: R_eff falls
+    assert total[-1] < total[0]
+
+
+def test_errors():
+    sir = compile_model(load_model(MODELS / "sir.toml"))
+    ys = {c: jnp.ones((1, 1, 1)) for c in sir.compartments}
+    with pytest.raises(ValueError, match="method must be"):
+        reproduction_number(sir, ys, sir.init_params(1), method="eig")
+    closed = _model(
+        'compartments = ["A", "B"]\n[[transitions]]\nfrom = "A"\nto = "B"\nrate = 1.0\n'
+    )
+    with pytest.raises(ValueError, match="no \\[\\[infections\\]\\]"):
+        reproduction_number(closed, {"A": ys["S"], "B": ys["S"]}, {})
