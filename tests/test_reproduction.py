@@ -436,3 +436,16 @@ def test_errors():
     )
     with pytest.raises(ValueError, match="no \\[\\[infections\\]\\]"):
         reproduction_number(closed, {"A": ys["S"], "B": ys["S"]}, {})
+
+
+def test_simulate_writes_r_eff_and_plot_fit_draws_it(tmp_path):
+    from epifit.plotting import plot_fit
+    from epifit.simulation import simulate
+
+    ds = simulate(MODELS / "sir.toml", days=15, values={"beta": 1.5, "gamma": 0.5})
+    s = ds["S"].values[:, 0]
+    np.testing.assert_allclose(ds["R_eff"].values[:, 0], 3.0 * s / 763, rtol=1e-12)
+    np.testing.assert_allclose(ds["R_eff_total"].values, 3.0 * s / 763, rtol=1e-12)
+    assert ds["R_eff"].dims == ("time", "patch") and ds["R_eff"].attrs["units"] == "1"
+    fig = plot_fit(ds, tmp_path / "fig.png")
+    assert [ax.get_title() for ax in fig.axes][-1] == "R_eff — p0"

@@ -252,6 +252,46 @@ def _period_text(period: int) -> str:
     return f" (the sum over the {period} days ending on each date)"
 
 
+def reproduction_vars(problem: Problem, params, ys) -> dict[str, tuple]:
+    """`R_eff (time, patch)` and `R_eff_total (time)` along the trajectory
+    (`epifit.model.reproduction_number`), for a model with infections whose
+    reproduction number is defined; else nothing."""
+    from epifit.model import reproduction_number
+
+    model = problem.model
+    if not model.plan.infections:
+        return {}
+    try:
+        r = reproduction_number(model, ys, params, problem.covariates, ts=problem.ts)
+    except ValueError:  # an infected compartment that is also infected
+        return {}
+    what = (
+        "the next-generation matrix at each day's susceptibles and rates "
+        "(docs/models.md, 'The reproduction number')"
+    )
+    return {
+        "R_eff": (
+            (TIME, PATCH),
+            np.asarray(r["R_eff"], np.float64),
+            {
+                "long_name": "effective reproduction number of a new infection "
+                "in the patch (infections caused in all patches)",
+                "units": "1",
+                "comment": f"column sums of {what}",
+            },
+        ),
+        "R_eff_total": (
+            (TIME,),
+            np.asarray(r["R_eff_total"], np.float64),
+            {
+                "long_name": "effective reproduction number, all patches",
+                "units": "1",
+                "comment": f"spectral radius of {what}",
+            },
+        ),
+    }
+
+
 def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Dataset:
     model = problem.model
     ys = {k: np.asarray(v) for k, v in sol.ys.items()}
@@ -322,6 +362,7 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
                     "units_comment": obs_from,
                 },
             )
+    data_vars.update(reproduction_vars(problem, params, sol.ys))
     stats = {k: int(np.asarray(v)) for k, v in sol.stats.items()}
     base = {
         "title": f"epifit simulation of model '{problem.spec.name}'",
