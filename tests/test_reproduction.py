@@ -449,3 +449,30 @@ def test_simulate_writes_r_eff_and_plot_fit_draws_it(tmp_path):
     assert ds["R_eff"].dims == ("time", "patch") and ds["R_eff"].attrs["units"] == "1"
     fig = plot_fit(ds, tmp_path / "fig.png")
     assert [ax.get_title() for ax in fig.axes][-1] == "R_eff — p0"
+
+
+def test_forecast_r_eff_follows_a_scenario_that_halves_transmission():
+    from epifit.forecasting import Change, Scenario, forecast
+    from epifit.simulation import Problem
+
+    problem = Problem(
+        MODELS / "sir.toml", MODELS.parent / "data" / "boarding_school_1978.nc"
+    )
+    params = _values(problem.model, beta=1.7, gamma=0.45, I0=2.0)
+    closed = Scenario(
+        "closed", [Change(transmission=True, scale=0.5, start=16, end=20)]
+    )
+    ds = forecast(
+        problem, [closed], days=10, samples=0, params=params, compartments=["S"]
+    )
+    for name, days in (("baseline", []), ("closed", [16, 17, 18, 19])):
+        one = ds.sel(scenario=name)
+        ratio = one["estimate_R_eff"].values[:, 0] / (
+            1.7 / 0.45 * one["estimate_S"].values[:, 0] / 763
+        )
+        expected = np.ones_like(ratio)
+        expected[days] = 0.5
+        np.testing.assert_allclose(ratio, expected, rtol=1e-12)
+        np.testing.assert_allclose(
+            one["R_eff_total"].values[0], one["estimate_R_eff_total"].values, rtol=1e-12
+        )

@@ -35,7 +35,7 @@ from jax.flatten_util import ravel_pytree
 
 from epifit._jit import jit
 from epifit._vmap import vmap_batch
-from epifit.model import CompiledModel, unconstrain
+from epifit.model import CompiledModel, reproduction_number_of, unconstrain
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PiecewiseConstant
 from epifit.simulation import ModelRun, SolverSettings, period_sums
 
@@ -46,6 +46,9 @@ __all__ = [
     "param_template",
     "run_ensemble",
 ]
+
+# the reproduction number's series (see `EnsembleConfig.reproduction`)
+REFF, REFF_TOTAL = "R_eff", "R_eff_total"
 
 # host memory for one chunk of samples, used to choose the chunk size
 CHUNK_BUDGET_BYTES = 512 * 2**20
@@ -98,6 +101,9 @@ class EnsembleConfig:
         solver, controller, max_steps: the solve.
         dtype: the floating dtype.
         static: the static leaves of the parameter pytree.
+        reproduction: also return `R_eff (time, patch)` and `R_eff_total`
+            (as `(time, 1)`) along each trajectory, at the scenario's rates
+            (`epifit.model.reproduction_number_of`).
     """
 
     model: CompiledModel
@@ -113,6 +119,7 @@ class EnsembleConfig:
     max_steps: int
     dtype: str
     static: _Static
+    reproduction: bool = False
 
     @functools.cached_property
     def settings(self) -> SolverSettings:
@@ -253,6 +260,10 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
             out[name] = s
     for c in cfg.compartments:
         out[c] = sol.ys[c].sum(axis=1)
+    if cfg.reproduction:
+        r = reproduction_number_of(model, sol.ys, args, inputs, ts=run.ts)
+        out[REFF] = r[REFF].astype(cfg.dtype)
+        out[REFF_TOTAL] = r[REFF_TOTAL][:, None].astype(cfg.dtype)
     return out, sol.result
 
 
@@ -315,7 +326,7 @@ def default_chunk(cfg: EnsembleConfig, n: int, backend: str | None = None) -> in
     comes from `benchmarks/forecast.py`).
     """
     state = sum(cfg.model.stages.values()) * cfg.n_patches
-    series = len(cfg.observations) + len(cfg.compartments)
+    series = len(cfg.observations) + len(cfg.compartments) + cfg.reproduction
     per_sample = 8 * cfg.n_days * (3 * state + 4 * series * cfg.n_patches)
     chunk = CHUNK_BUDGET_BYTES // max(per_sample, 1)
     if (backend or jax.default_backend()) == "cpu":

@@ -28,7 +28,8 @@ from epifit.forecasting._ensemble import (
 from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
-from epifit.forecasting._summary import first_row, summarize
+from epifit.forecasting._summary import LEVELS, first_row, summarize
+from epifit.model import has_reproduction_number
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
 from epifit.simulation import SOLVERS, Problem, SolverSettings
 
@@ -141,6 +142,11 @@ class PreparedForecast:
     compartments: tuple[str, ...]
     attrs: dict[str, Any]
 
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """`("R_eff",)` when the ensemble returns the reproduction number."""
+        return LEVELS if self.config.reproduction else ()
+
     def scenario_data(self) -> Iterator[dict[str, Any]]:
         """Each scenario's data, made when needed (bounded memory)."""
         initial = {k: np.asarray(v) for k, v in self.problem.initial_data.items()}
@@ -165,11 +171,14 @@ class PreparedForecast:
         observations, compartments = self.observations, self.compartments
         n_fit = self.horizon.n_fit
         bound = self.bound
-        series_names = (*observations, *compartments)
+        series_names = (*observations, *compartments, *self.levels)
+        sampled = (*series_names, *(f"{s}_total" for s in self.levels))
         per_scenario, estimates, failed = [], [], []
         for name, (series, results) in zip(bound.names, runs, strict=True):
             finite = np.ones(xs.shape[0], bool)
             for s, a in series.items():
+                if s not in (*observations, *compartments):
+                    continue  # R_eff may be infinite (an infected state never left)
                 body = a[:, first_row(s, cfg.first_rows) :]
                 finite &= np.all(np.isfinite(body), axis=tuple(range(1, a.ndim)))
             ok = (results == 0) & finite
@@ -179,12 +188,12 @@ class PreparedForecast:
                     f"(result code {int(results[0])}); give more max_steps or other "
                     "solver tolerances, or check the scenario's changes."
                 )
-            estimates.append({s: series[s][0] for s in series_names})
+            estimates.append({s: series[s][0] for s in sampled})
             use = ok[1:] if samples else ok[:1]
             pick = slice(1, None) if samples else slice(0, 1)
             chosen = {
                 s: series[s][pick] if use.all() else series[s][pick][use]
-                for s in series_names
+                for s in sampled
             }
             failed.append(int(np.sum(~ok[1:])))
             if samples and not np.any(use):
@@ -208,6 +217,7 @@ class PreparedForecast:
             series_names=series_names,
             observations=observations,
             attrs=self.attrs,
+            levels=self.levels,
         )
 
 
@@ -248,7 +258,9 @@ def prepare_forecast(
     model = problem.model
     observations = tuple(o.name for o in model.spec.observations)
     compartments = _check_compartments(model, tuple(compartments), observations)
-    horizon = _horizon(problem, days, samples, len(observations + compartments))
+    reproduction = has_reproduction_number(model)
+    n_series = len(observations + compartments) + reproduction
+    horizon = _horizon(problem, days, samples, n_series)
     bound = _bind(problem, params, sset, horizon, baseline)
     template, static = param_template(model, params)
     xs = _draws(problem, template, fit_obj, cov, samples, seed)
@@ -271,6 +283,7 @@ def prepare_forecast(
         max_steps=settings.max_steps,
         dtype=str(np.dtype(problem.dtype)),
         static=static,
+        reproduction=reproduction,
     )
     attrs = {
         **prov,

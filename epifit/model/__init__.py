@@ -21,6 +21,9 @@ from epifit.model._load import loads_model as loads_model
 from epifit.model._reproduction import (
     basic_reproduction_number as basic_reproduction_number,
 )
+from epifit.model._reproduction import (
+    has_reproduction_number as has_reproduction_number,
+)
 from epifit.model._reproduction import reproduction_number as reproduction_number
 from epifit.model._reproduction import (
     reproduction_number_of as reproduction_number_of,

@@ -40,6 +40,7 @@ from epifit.model._plan import Infection, Plan
 
 __all__ = [
     "basic_reproduction_number",
+    "has_reproduction_number",
     "infected_states",
     "reproduction_number",
     "reproduction_number_of",
@@ -114,6 +115,16 @@ def infected_states(plan: Plan, stages: Mapping[str, int]) -> tuple[State, ...]:
             "compartment of an infection: its reproduction number is not supported"
         )
     return states
+
+
+def has_reproduction_number(model) -> bool:
+    """Whether [`reproduction_number`][] is defined for `model`: it has
+    infections, and no infected compartment is infected again."""
+    try:
+        infected_states(model.plan, model.stages)
+    except ValueError:
+        return False
+    return True
 
 
 # ------------------------------------------------------------------ one day

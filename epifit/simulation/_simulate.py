@@ -256,15 +256,12 @@ def reproduction_vars(problem: Problem, params, ys) -> dict[str, tuple]:
     """`R_eff (time, patch)` and `R_eff_total (time)` along the trajectory
     (`epifit.model.reproduction_number`), for a model with infections whose
     reproduction number is defined; else nothing."""
-    from epifit.model import reproduction_number
+    from epifit.model import has_reproduction_number, reproduction_number
 
     model = problem.model
-    if not model.plan.infections:
+    if not has_reproduction_number(model):
         return {}
-    try:
-        r = reproduction_number(model, ys, params, problem.covariates, ts=problem.ts)
-    except ValueError:  # an infected compartment that is also infected
-        return {}
+    r = reproduction_number(model, ys, params, problem.covariates, ts=problem.ts)
     what = (
         "the next-generation matrix at each day's susceptibles and rates "
         "(docs/models.md, 'The reproduction number')"
