@@ -35,7 +35,12 @@ from jax.flatten_util import ravel_pytree
 
 from epifit._jit import jit
 from epifit._vmap import vmap_batch
-from epifit.model import CompiledModel, reproduction_number_of, unconstrain
+from epifit.model import (
+    CompiledModel,
+    has_reproduction_number,
+    reproduction_number_of,
+    unconstrain,
+)
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PiecewiseConstant
 from epifit.simulation import ModelRun, SolverSettings, period_sums
 
@@ -101,9 +106,10 @@ class EnsembleConfig:
         solver, controller, max_steps: the solve.
         dtype: the floating dtype.
         static: the static leaves of the parameter pytree.
-        reproduction: also return `R_eff (time, patch)` and `R_eff_total`
-            (as `(time, 1)`) along each trajectory, at the scenario's rates
-            (`epifit.model.reproduction_number_of`).
+
+    With infections (`reproduction`), each trajectory also returns `R_eff
+    (time, patch)` and `R_eff_total` (as `(time, 1)`) at the scenario's
+    rates (`epifit.model.reproduction_number_of`).
     """
 
     model: CompiledModel
@@ -119,7 +125,6 @@ class EnsembleConfig:
     max_steps: int
     dtype: str
     static: _Static
-    reproduction: bool = False
 
     @functools.cached_property
     def settings(self) -> SolverSettings:
@@ -129,6 +134,15 @@ class EnsembleConfig:
             stepsize_controller=self.controller,
             max_steps=self.max_steps,
         )
+
+    @functools.cached_property
+    def reproduction(self) -> bool:
+        return has_reproduction_number(self.model)
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """`("R_eff",)` when the ensemble returns the reproduction number."""
+        return (REFF,) if self.reproduction else ()
 
     @property
     def n_intervals(self) -> int:

@@ -28,7 +28,7 @@ from epifit.forecasting._ensemble import (
 from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
-from epifit.forecasting._summary import LEVELS, first_row, summarize
+from epifit.forecasting._summary import finite_samples, summarize
 from epifit.model import has_reproduction_number
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
 from epifit.simulation import SOLVERS, Problem, SolverSettings
@@ -142,11 +142,6 @@ class PreparedForecast:
     compartments: tuple[str, ...]
     attrs: dict[str, Any]
 
-    @property
-    def levels(self) -> tuple[str, ...]:
-        """`("R_eff",)` when the ensemble returns the reproduction number."""
-        return LEVELS if self.config.reproduction else ()
-
     def scenario_data(self) -> Iterator[dict[str, Any]]:
         """Each scenario's data, made when needed (bounded memory)."""
         initial = {k: np.asarray(v) for k, v in self.problem.initial_data.items()}
@@ -167,20 +162,14 @@ class PreparedForecast:
     def summarize(self, runs: Iterable) -> xr.Dataset:
         """The Dataset from [`run_ensemble`][]'s output (or
         [`iter_ensemble`][]'s, consumed one scenario at a time)."""
-        cfg, xs, samples, q = self.config, self.xs, self.samples, self.quantiles
+        cfg, samples, q = self.config, self.samples, self.quantiles
         observations, compartments = self.observations, self.compartments
         n_fit = self.horizon.n_fit
         bound = self.bound
-        series_names = (*observations, *compartments, *self.levels)
-        sampled = (*series_names, *(f"{s}_total" for s in self.levels))
+        series_names = (*observations, *compartments, *cfg.levels)
         per_scenario, estimates, failed = [], [], []
         for name, (series, results) in zip(bound.names, runs, strict=True):
-            finite = np.ones(xs.shape[0], bool)
-            for s, a in series.items():
-                if s not in (*observations, *compartments):
-                    continue  # R_eff may be infinite (an infected state never left)
-                body = a[:, first_row(s, cfg.first_rows) :]
-                finite &= np.all(np.isfinite(body), axis=tuple(range(1, a.ndim)))
+            finite = finite_samples(series, cfg.first_rows)
             ok = (results == 0) & finite
             if not ok[0]:
                 raise RuntimeError(
@@ -188,12 +177,12 @@ class PreparedForecast:
                     f"(result code {int(results[0])}); give more max_steps or other "
                     "solver tolerances, or check the scenario's changes."
                 )
-            estimates.append({s: series[s][0] for s in sampled})
+            estimates.append({s: series[s][0] for s in series})
             use = ok[1:] if samples else ok[:1]
             pick = slice(1, None) if samples else slice(0, 1)
             chosen = {
                 s: series[s][pick] if use.all() else series[s][pick][use]
-                for s in sampled
+                for s in series
             }
             failed.append(int(np.sum(~ok[1:])))
             if samples and not np.any(use):
@@ -217,7 +206,7 @@ class PreparedForecast:
             series_names=series_names,
             observations=observations,
             attrs=self.attrs,
-            levels=self.levels,
+            levels=cfg.levels,
         )
 
 
@@ -258,8 +247,7 @@ def prepare_forecast(
     model = problem.model
     observations = tuple(o.name for o in model.spec.observations)
     compartments = _check_compartments(model, tuple(compartments), observations)
-    reproduction = has_reproduction_number(model)
-    n_series = len(observations + compartments) + reproduction
+    n_series = len(observations + compartments) + has_reproduction_number(model)
     horizon = _horizon(problem, days, samples, n_series)
     bound = _bind(problem, params, sset, horizon, baseline)
     template, static = param_template(model, params)
@@ -283,7 +271,6 @@ def prepare_forecast(
         max_steps=settings.max_steps,
         dtype=str(np.dtype(problem.dtype)),
         static=static,
-        reproduction=reproduction,
     )
     attrs = {
         **prov,

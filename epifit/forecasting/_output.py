@@ -16,6 +16,11 @@ __all__ = ["KIND", "STATISTICS", "forecast_dataset", "forecast_summary"]
 
 KIND = "forecast"
 STATISTICS = ("peak_day", "peak", "cumulative")
+_STATISTIC_NAMES = {
+    "peak_day": "day of the peak (days since the first day)",
+    "peak": "peak value over the horizon",
+    "cumulative": "sum over the forecast days",
+}
 
 
 def forecast_dataset(
@@ -65,11 +70,7 @@ def forecast_dataset(
             {"long_name": f"'{s}' at the point estimate"},
         )
         for stat in STATISTICS:
-            what = {
-                "peak_day": "day of the peak (days since the first day)",
-                "peak": "peak value over the horizon",
-                "cumulative": "sum over the forecast days",
-            }[stat]
+            what = _STATISTIC_NAMES[stat]
             data_vars[f"{stat}_{s}"] = (
                 (SCENARIO, QUANTILE, PATCH),
                 np.stack([p[f"{stat}_{s}"] for p in per_scenario]),

@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["LEVELS", "first_row", "summarize"]
+__all__ = ["LEVELS", "finite_samples", "first_row", "summarize"]
 
 # series summarised by their quantiles only (no peak, no cumulative sum), with
 # the `_total` series of the same name in place of a sum over patches
@@ -18,6 +18,21 @@ def first_row(name: str, first_rows: Mapping[str, int]) -> int:
     `first_day + period - 1` for a sum over a period (`first_rows`, by series;
     0 for a series not listed, such as a compartment)."""
     return first_rows.get(name, 0)
+
+
+def finite_samples(
+    series: Mapping[str, np.ndarray], first_rows: Mapping[str, int]
+) -> np.ndarray:
+    """`(sample,)`: whether every series of a sample is finite from its first
+    row on; the reproduction number (`LEVELS`, infinite where an infected
+    state is never left) does not count."""
+    finite = np.ones(len(next(iter(series.values()))), bool)
+    for s, a in series.items():
+        if s in LEVELS or s.removesuffix("_total") in LEVELS:
+            continue
+        body = np.asarray(a)[:, first_row(s, first_rows) :]
+        finite &= np.all(np.isfinite(body), axis=tuple(range(1, body.ndim)))
+    return finite
 
 
 def summarize(
