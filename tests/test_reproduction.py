@@ -256,7 +256,7 @@ def test_coupled_patches_agree_with_a_hand_built_ngm(local, multiplier, symmetri
     K = _hand_ngm(values, S, N, C, local, multiplier, symmetrize == "true")
     expected = np.max(np.abs(np.linalg.eigvals(K)))
     cov = {"N": N, "C": C}
-    for method in ("dense", "power"):
+    for method in ("dense", "noda", "power"):
         r = reproduction_number(model, ys, params, cov, method=method)
         np.testing.assert_allclose(r["R_eff_total"], [expected], rtol=1e-9)
     # per patch: the new infections (anywhere) from one new infection in the
@@ -318,7 +318,7 @@ def test_gradients_agree_with_finite_differences():
     cov = {"N": np.array([1000.0, 500.0, 2000.0]), "C": rng.uniform(0, 0.3, (3, 3))}
     ys = {c: jnp.zeros((2, 1, 3)) for c in model.compartments}
     ys["S"] = jnp.asarray(cov["N"] * rng.uniform(0.5, 1.0, (2, 1, 3)))
-    for method in ("dense", "power"):
+    for method in ("dense", "noda", "power"):
 
         def total(p, method=method):
             return reproduction_number(model, ys, p, cov, method=method)[
@@ -392,11 +392,13 @@ def test_reference_model_agrees_with_the_ngm_of_its_vector_field():
     assert infected_states(model.plan, model.stages) == REFERENCE_INFECTED
     dense = reproduction_number(model, ys, params, cov, method="dense")
     power = reproduction_number(model, ys, params, cov, method="power")
+    noda = reproduction_number(model, ys, params, cov, method="noda")
     for day in range(4):
         K = _ngm_from_vector_field(model, params, cov, ys, day)
         rho = np.max(np.abs(np.linalg.eigvals(K)))
         np.testing.assert_allclose(dense["R_eff_total"][day], rho, rtol=1e-10)
         np.testing.assert_allclose(power["R_eff_total"][day], rho, rtol=1e-10)
+        np.testing.assert_allclose(noda["R_eff_total"][day], rho, rtol=1e-10)
         # column sums of the E rows: new infections from one new one in p
         np.testing.assert_allclose(
             dense["R_eff"][day], K[:5, :5].sum(axis=0), rtol=1e-10
@@ -416,6 +418,10 @@ def test_reference_metapopulation_runs_on_its_data():
         problem.model, sol.ys, params, problem.covariates, ts=problem.ts
     )
     total, patch = np.asarray(r["R_eff_total"]), np.asarray(r["R_eff"])
+    noda = reproduction_number(
+        problem.model, sol.ys, params, problem.covariates, ts=problem.ts, method="noda"
+    )
+    np.testing.assert_allclose(noda["R_eff_total"], total, rtol=1e-10)
     assert total.shape == (problem.ts.size,) and patch.shape == (problem.ts.size, 20)
     assert np.all(np.isfinite(total)) and np.all(total > 0)
     # the spectral radius of a non-negative matrix lies between its smallest

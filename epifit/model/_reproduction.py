@@ -48,6 +48,10 @@ __all__ = [
 
 # the dense method up to this many (infection, patch) types under "auto"
 DENSE_MAX = 64
+# Noda's iteration (dense K_r) up to this many types under "auto", and its
+# most iterations (it converges quadratically: a handful)
+NODA_MAX = 3000
+NODA_MAX_ITER = 50
 # power iteration: the largest change of the eigenvectors (scaled to a
 # largest entry of 1) at which it stops, and the most iterations
 POWER_RTOL = 1e-10
@@ -249,6 +253,45 @@ def _radius_dense(apply, shape) -> Array:
     return jnp.max(jnp.real(jnp.linalg.eigvals(K.reshape(size, size))))
 
 
+def _radius_noda(apply, shape, dtype) -> Array:
+    """The Perron root by Noda's iteration on the dense `K_r`: the shift
+    `sigma = max(K v / v)` is an upper bound of the root (Collatz-Wielandt),
+    so `(sigma I - K)⁻¹` keeps `v` positive and its dominant direction is the
+    Perron vector; the shifts fall to the root quadratically. Then three
+    solves for the left vector and the estimate `uᵀKv / uᵀv` (`u, v` held
+    fixed, so its derivative is the eigenvalue's)."""
+    size = shape[0] * shape[1]
+    K = jax.jacfwd(apply)(jnp.zeros(shape, dtype)).reshape(size, size)
+    Ks = jax.lax.stop_gradient(K)
+    tiny = jnp.finfo(dtype).tiny
+    eye = jnp.eye(size, dtype=dtype)
+
+    def shift(v):
+        return jnp.max(Ks @ v / v) * (1 + 8 * jnp.finfo(dtype).eps) + tiny
+
+    def step(carry):
+        v, sigma, _, k = carry
+        x = jnp.abs(jnp.linalg.solve(sigma * eye - Ks, v))
+        v = jnp.maximum(x / jnp.max(x), tiny)
+        return v, shift(v), sigma, k + 1
+
+    def more(carry):
+        _, sigma, old, k = carry
+        return (k < NODA_MAX_ITER) & (old - sigma > POWER_RTOL * sigma)
+
+    ones = jnp.ones(size, dtype)
+    v, sigma, *_ = jax.lax.while_loop(
+        more, step, (ones, shift(ones), jnp.asarray(jnp.inf, dtype), 0)
+    )
+    lu = jax.scipy.linalg.lu_factor(sigma * eye - Ks)
+    u = ones
+    for _ in range(3):
+        x = jnp.abs(jax.scipy.linalg.lu_solve(lu, u, trans=1))
+        u = x / jnp.maximum(jnp.max(x), tiny)
+    v, u = jax.lax.stop_gradient(v), jax.lax.stop_gradient(u)
+    return _quotient(lambda w: K @ w, u, v)
+
+
 def _radius_power(apply, apply_sg, shape, dtype) -> Array:
     """The Perron root by power iteration on `K_r` and its transpose (the
     left vector makes the estimate `uᵀKv / uᵀv` accurate to second order and
@@ -303,14 +346,21 @@ def _day(plan, stages, states, method, y, args, u) -> tuple[Array, Array]:
     else:
         patch = jnp.max(jnp.real(jnp.linalg.eigvals(jnp.moveaxis(cols, -1, 0))), -1)
     if method == "auto":
-        method = "dense" if shape[0] * n <= DENSE_MAX else "power"
+        size = shape[0] * n
+        method = (
+            "dense" if size <= DENSE_MAX else "noda" if size <= NODA_MAX else "power"
+        )
     if method == "dense":
         total = _radius_dense(apply, shape)
+    elif method == "noda":
+        total = _radius_noda(apply, shape, dtype)
     elif method == "power":
         frozen = jtu.tree_map(jax.lax.stop_gradient, (y, args, u))
         total = _radius_power(apply, operator(*frozen), shape, dtype)
     else:
-        raise ValueError(f"method must be 'auto', 'dense' or 'power'; got {method!r}")
+        raise ValueError(
+            f"method must be 'auto', 'dense', 'noda' or 'power'; got {method!r}"
+        )
     return patch, total
 
 
