@@ -253,6 +253,11 @@ def _radius_dense(apply, shape) -> Array:
     return jnp.max(jnp.real(jnp.linalg.eigvals(K.reshape(size, size))))
 
 
+def _rtol(dtype) -> float:
+    """`POWER_RTOL`, or 16 ulps where the dtype cannot reach it (float32)."""
+    return max(POWER_RTOL, 16 * float(jnp.finfo(dtype).eps))
+
+
 def _radius_noda(apply, shape, dtype) -> Array:
     """The Perron root by Noda's iteration on the dense `K_r`: the shift
     `sigma = max(K v / v)` is an upper bound of the root (Collatz-Wielandt),
@@ -277,7 +282,7 @@ def _radius_noda(apply, shape, dtype) -> Array:
 
     def more(carry):
         _, sigma, old, k = carry
-        return (k < NODA_MAX_ITER) & (old - sigma > POWER_RTOL * sigma)
+        return (k < NODA_MAX_ITER) & (old - sigma > _rtol(dtype) * sigma)
 
     ones = jnp.ones(size, dtype)
     v, sigma, *_ = jax.lax.while_loop(
@@ -310,7 +315,7 @@ def _radius_power(apply, apply_sg, shape, dtype) -> Array:
 
     def more(carry):
         _, _, change, k = carry
-        return (k < POWER_MAX_ITER) & (change > POWER_RTOL)
+        return (k < POWER_MAX_ITER) & (change > _rtol(dtype))
 
     inf = jnp.asarray(jnp.inf, dtype)
     v, u, *_ = jax.lax.while_loop(more, step, (ones, ones, inf, 0))
@@ -336,7 +341,8 @@ def _day(plan, stages, states, method, y, args, u) -> tuple[Array, Array]:
         return lambda v: _apply(plan, G, y, get, v)
 
     apply = operator(y, args, u)
-    dtype = jnp.result_type(*jtu.tree_leaves(y))
+    state = jnp.result_type(*jtu.tree_leaves(y))
+    dtype = jax.eval_shape(apply, jax.ShapeDtypeStruct(shape, state)).dtype
     _, transpose = jax.vjp(apply, jnp.zeros(shape, dtype))
     cols = jnp.stack(
         [transpose(jnp.zeros(shape, dtype).at[i].set(1.0))[0] for i in range(shape[0])]
