@@ -19,6 +19,10 @@ from epifit._schema import PATCH, TIME
 
 __all__ = ["plot_fit", "select_patches"]
 
+# the effective reproduction number along the trajectory (a row of panels,
+# with a line at 1; not a weight in choosing the largest patches)
+REFF = "R_eff"
+
 
 def _series(ds: xr.Dataset) -> list[tuple[str, str | None, str | None]]:
     """`(title, predicted variable, observed variable)` for every panel row."""
@@ -32,6 +36,8 @@ def _series(ds: xr.Dataset) -> list[tuple[str, str | None, str | None]]:
         if name.startswith("observed_") and f"predicted_{name[9:]}" not in ds:
             out.append((name[9:], None, name))
     if out:
+        if REFF in ds:
+            out.append((REFF, REFF, None))
         return out
     skip = ("predicted_", "observed_", "residual_")
     return [
@@ -60,7 +66,9 @@ def select_patches(
     if len(available) <= max_patches:
         return available, ""
     weights = np.zeros(len(available))
-    for _, pred, obs in _series(ds):
+    for title, pred, obs in _series(ds):
+        if title == REFF:
+            continue
         var = ds[obs if obs is not None else pred]
         weights += np.nan_to_num(var.sum(TIME, skipna=True).values)
     order = np.argsort(-weights, kind="stable")[:max_patches]
@@ -156,6 +164,8 @@ def _draw_series(
             y = ds[pred].sel(sel).values if sel else ds[pred].values
             keep = np.isfinite(y)  # weekly totals are NaN between their dates
             ax.plot(t[keep], y[keep], "-", color="C0", lw=1.6, label="model")
+        if title == REFF:
+            ax.axhline(1.0, color="0.5", ls=":", lw=1)
         name = title if patch is None else f"{title} — {patch}"
         ax.set_title(name, fontsize=9)
         ax.tick_params(labelsize=7)

@@ -275,3 +275,21 @@ def test_fit_result_from_file_is_equivalent(fit, fit_file):
     a = forecast(fit, days=4, samples=6, seed=2)
     b = forecast(FitResult.from_netcdf(fit_file), days=4, samples=6, seed=2)
     np.testing.assert_allclose(a["in_bed"].values, b["in_bed"].values, rtol=1e-12)
+
+
+def test_r_eff_in_the_fit_file_and_the_forecast(fit, fit_file, ensemble):
+    # the fitted trajectory's R_eff (beta S / (gamma N) for the SIR), written
+    # to FIT.nc and read back; the forecast's estimate continues it
+    v = fit.values
+    s = fit.trajectories["S"].values[:, 0]
+    r = fit.trajectories["R_eff"].values[:, 0]
+    np.testing.assert_allclose(r, v["beta"] / v["gamma"] * s / 763, rtol=1e-12)
+    back = FitResult.from_netcdf(fit_file).trajectories
+    r_total = fit.trajectories["R_eff_total"].values
+    np.testing.assert_allclose(r_total, r, rtol=1e-12)
+    np.testing.assert_array_equal(back["R_eff_total"].values, r_total)
+    est = ensemble["estimate_R_eff"].sel(scenario="baseline").values[:, 0]
+    np.testing.assert_allclose(est[:N_FIT], r, rtol=10 * RTOL)
+    lo, hi = ensemble["R_eff_total"].sel(scenario="baseline", quantile=[0.025, 0.975])
+    assert np.all(lo.values <= hi.values) and np.any(lo.values < hi.values)
+    assert "peak_R_eff" not in ensemble and "cumulative_R_eff" not in ensemble

@@ -47,7 +47,8 @@ def test_plot_a_simulation_with_patches(tmp_path, capsys):
     assert main(["plot", str(sim), "--out", str(out), "--patches", "p0,p2"]) == 0
     assert is_png(out)
     fig = plot_fit(sim, patches=["p0", "p2"])
-    assert [ax.get_title() for ax in fig.axes] == ["in_bed — p0", "in_bed — p2"]
+    titles = ["in_bed — p0", "in_bed — p2", "R_eff — p0", "R_eff — p2"]
+    assert [ax.get_title() for ax in fig.axes] == titles
     chosen, note = select_patches(epifit.open_dataset(sim), max_patches=2)
     assert len(chosen) == 2 and note == "2 of 3 patches (largest)"
     capsys.readouterr()

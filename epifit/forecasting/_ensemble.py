@@ -39,6 +39,8 @@ from epifit.model import (
     STATE_NAMES,
     CompiledModel,
     constrain_coefficients,
+    has_reproduction_number,
+    reproduction_number_of,
     unconstrain,
     unconstrain_coefficients,
 )
@@ -52,6 +54,9 @@ __all__ = [
     "param_template",
     "run_ensemble",
 ]
+
+# the reproduction number's series (see `EnsembleConfig.reproduction`)
+REFF, REFF_TOTAL = "R_eff", "R_eff_total"
 
 # host memory for one chunk of samples, used to choose the chunk size
 CHUNK_BUDGET_BYTES = 512 * 2**20
@@ -104,6 +109,10 @@ class EnsembleConfig:
         solver, controller, max_steps: the solve.
         dtype: the floating dtype.
         static: the static leaves of the parameter pytree.
+
+    With infections (`reproduction`), each trajectory also returns `R_eff
+    (time, patch)` and `R_eff_total` (as `(time, 1)`) at the scenario's
+    rates (`epifit.model.reproduction_number_of`).
     """
 
     model: CompiledModel
@@ -128,6 +137,15 @@ class EnsembleConfig:
             stepsize_controller=self.controller,
             max_steps=self.max_steps,
         )
+
+    @functools.cached_property
+    def reproduction(self) -> bool:
+        return has_reproduction_number(self.model)
+
+    @property
+    def levels(self) -> tuple[str, ...]:
+        """`("R_eff",)` when the ensemble returns the reproduction number."""
+        return (REFF,) if self.reproduction else ()
 
     @property
     def n_intervals(self) -> int:
@@ -285,6 +303,10 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
             out[name] = s
     for c in cfg.compartments:
         out[c] = sol.ys[c].sum(axis=1)
+    if cfg.reproduction:
+        r = reproduction_number_of(model, sol.ys, args, inputs, ts=run.ts)
+        out[REFF] = r[REFF].astype(cfg.dtype)
+        out[REFF_TOTAL] = r[REFF_TOTAL][:, None].astype(cfg.dtype)
     return out, sol.result
 
 
@@ -347,7 +369,7 @@ def default_chunk(cfg: EnsembleConfig, n: int, backend: str | None = None) -> in
     comes from `benchmarks/forecast.py`).
     """
     state = sum(cfg.model.stages.values()) * cfg.n_patches
-    series = len(cfg.observations) + len(cfg.compartments)
+    series = len(cfg.observations) + len(cfg.compartments) + cfg.reproduction
     per_sample = 8 * cfg.n_days * (3 * state + 4 * series * cfg.n_patches)
     chunk = CHUNK_BUDGET_BYTES // max(per_sample, 1)
     if (backend or jax.default_backend()) == "cpu":

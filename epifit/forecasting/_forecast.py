@@ -28,7 +28,8 @@ from epifit.forecasting._ensemble import (
 from epifit.forecasting._horizon import Horizon, check_forecastable
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
-from epifit.forecasting._summary import first_row, summarize
+from epifit.forecasting._summary import finite_samples, summarize
+from epifit.model import has_reproduction_number
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
 from epifit.simulation import SOLVERS, Problem, SolverSettings
 
@@ -161,17 +162,14 @@ class PreparedForecast:
     def summarize(self, runs: Iterable) -> xr.Dataset:
         """The Dataset from [`run_ensemble`][]'s output (or
         [`iter_ensemble`][]'s, consumed one scenario at a time)."""
-        cfg, xs, samples, q = self.config, self.xs, self.samples, self.quantiles
+        cfg, samples, q = self.config, self.samples, self.quantiles
         observations, compartments = self.observations, self.compartments
         n_fit = self.horizon.n_fit
         bound = self.bound
-        series_names = (*observations, *compartments)
+        series_names = (*observations, *compartments, *cfg.levels)
         per_scenario, estimates, failed = [], [], []
         for name, (series, results) in zip(bound.names, runs, strict=True):
-            finite = np.ones(xs.shape[0], bool)
-            for s, a in series.items():
-                body = a[:, first_row(s, cfg.first_rows) :]
-                finite &= np.all(np.isfinite(body), axis=tuple(range(1, a.ndim)))
+            finite = finite_samples(series, cfg.first_rows)
             ok = (results == 0) & finite
             if not ok[0]:
                 raise RuntimeError(
@@ -179,12 +177,12 @@ class PreparedForecast:
                     f"(result code {int(results[0])}); give more max_steps or other "
                     "solver tolerances, or check the scenario's changes."
                 )
-            estimates.append({s: series[s][0] for s in series_names})
+            estimates.append({s: series[s][0] for s in series})
             use = ok[1:] if samples else ok[:1]
             pick = slice(1, None) if samples else slice(0, 1)
             chosen = {
                 s: series[s][pick] if use.all() else series[s][pick][use]
-                for s in series_names
+                for s in series
             }
             failed.append(int(np.sum(~ok[1:])))
             if samples and not np.any(use):
@@ -208,6 +206,7 @@ class PreparedForecast:
             series_names=series_names,
             observations=observations,
             attrs=self.attrs,
+            levels=cfg.levels,
         )
 
 
@@ -248,7 +247,8 @@ def prepare_forecast(
     model = check_forecastable(problem.model)
     observations = tuple(o.name for o in model.spec.observations)
     compartments = _check_compartments(model, tuple(compartments), observations)
-    horizon = _horizon(problem, days, samples, len(observations + compartments))
+    n_series = len(observations + compartments) + has_reproduction_number(model)
+    horizon = _horizon(problem, days, samples, n_series)
     bound = _bind(problem, params, sset, horizon, baseline)
     template, static = param_template(model, params)
     xs = _draws(problem, template, fit_obj, cov, samples, seed)

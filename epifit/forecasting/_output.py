@@ -16,6 +16,11 @@ __all__ = ["KIND", "STATISTICS", "forecast_dataset", "forecast_summary"]
 
 KIND = "forecast"
 STATISTICS = ("peak_day", "peak", "cumulative")
+_STATISTIC_NAMES = {
+    "peak_day": "day of the peak (days since the first day)",
+    "peak": "peak value over the horizon",
+    "cumulative": "sum over the forecast days",
+}
 
 
 def forecast_dataset(
@@ -30,6 +35,7 @@ def forecast_dataset(
     series_names,
     observations,
     attrs,
+    levels=(),
 ) -> xr.Dataset:
     T = horizon.n_days
     time = horizon.dates if horizon.dates is not None else np.arange(T)
@@ -44,6 +50,9 @@ def forecast_dataset(
     data_vars: dict[str, Any] = {}
     units = "as the model's series (counts, or fractions of each patch)"
     for s in series_names:
+        if s in levels:
+            data_vars.update(_level_vars(s, per_scenario, estimates))
+            continue
         kind = "observed series" if s in observations else "compartment (all stages)"
         data_vars[s] = (
             (SCENARIO, QUANTILE, TIME, PATCH),
@@ -61,11 +70,7 @@ def forecast_dataset(
             {"long_name": f"'{s}' at the point estimate"},
         )
         for stat in STATISTICS:
-            what = {
-                "peak_day": "day of the peak (days since the first day)",
-                "peak": "peak value over the horizon",
-                "cumulative": "sum over the forecast days",
-            }[stat]
+            what = _STATISTIC_NAMES[stat]
             data_vars[f"{stat}_{s}"] = (
                 (SCENARIO, QUANTILE, PATCH),
                 np.stack([p[f"{stat}_{s}"] for p in per_scenario]),
@@ -118,6 +123,41 @@ def forecast_dataset(
         **{f"version_{k}": v for k, v in library_versions().items()},
     }
     return xr.Dataset(data_vars, coords=coords, attrs=full_attrs)
+
+
+def _level_vars(s: str, per_scenario, estimates) -> dict[str, Any]:
+    """The quantiles and point estimates of the reproduction number `s`
+    (`R_eff`): per patch, and its `_total` over all patches (the spectral
+    radius, not a sum; see `docs/models.md`, "The reproduction number")."""
+    what = "the effective reproduction number"
+    return {
+        s: (
+            (SCENARIO, QUANTILE, TIME, PATCH),
+            np.stack([p[s] for p in per_scenario]),
+            {
+                "long_name": f"quantiles of {what} of a new infection in the patch",
+                "units": "1",
+            },
+        ),
+        f"{s}_total": (
+            (SCENARIO, QUANTILE, TIME),
+            np.stack([p[f"{s}_total"] for p in per_scenario]),
+            {"long_name": f"quantiles of {what} over all patches", "units": "1"},
+        ),
+        f"estimate_{s}": (
+            (SCENARIO, TIME, PATCH),
+            np.stack([e[s] for e in estimates]),
+            {"long_name": f"{what} at the point estimate", "units": "1"},
+        ),
+        f"estimate_{s}_total": (
+            (SCENARIO, TIME),
+            np.stack([e[f"{s}_total"][:, 0] for e in estimates]),
+            {
+                "long_name": f"{what} over all patches at the point estimate",
+                "units": "1",
+            },
+        ),
+    }
 
 
 def forecast_summary(ds: xr.Dataset) -> dict[str, Any]:

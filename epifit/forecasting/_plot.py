@@ -16,6 +16,7 @@ from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
 __all__ = ["plot_forecast"]
 
 TOTAL = "all patches"
+REFF = "R_eff"  # drawn with a line at 1; its total is over all patches
 
 
 def _bands(levels: np.ndarray) -> tuple[list[tuple[int, int]], int | None]:
@@ -100,11 +101,13 @@ def plot_forecast(
 
 def _series(ds: xr.Dataset, series: Sequence[str] | None) -> Sequence[str]:
     """The series to draw: those asked for (checked), else the observed
-    series, else all."""
+    series (else all) and `R_eff` where the forecast has it."""
     available = json.loads(ds.attrs.get("series", "[]"))
     observed = json.loads(ds.attrs.get("observations", "[]"))
     if series is None:
         series = [s for s in observed if s in available] or available
+        if REFF in available and REFF not in series:
+            series = [*series, REFF]
     unknown = [s for s in series if s not in available]
     if unknown:
         raise ValueError(
@@ -157,10 +160,17 @@ def _panel(ax, ds: xr.Dataset, s: str, area: str | None, name: str) -> None:
         ax.plot(t, qs[mid], "-", color="C0", lw=1.5, label="median")
     else:
         est = ds[f"estimate_{s}"].sel({SCENARIO: name})
-        est = est.sum(PATCH, min_count=1) if area is None else est.sel({PATCH: area})
+        if area is not None:
+            est = est.sel({PATCH: area})
+        elif s == REFF:
+            est = ds[f"estimate_{s}_total"].sel({SCENARIO: name})
+        else:
+            est = est.sum(PATCH, min_count=1)
         ax.plot(t, est.values, "-", color="C0", lw=1.5, label="estimate")
     if obs is not None:
         ax.plot(t, obs.values, "o", ms=2.5, color="0.15", label="observed")
+    if s == REFF:
+        ax.axhline(1.0, color="0.5", ls=":", lw=1)
     if start < len(t):
         ax.axvline(t[start], color="0.4", ls="--", lw=1, label="forecast start")
     ax.set_title(f"{name}: {s} — {where}", fontsize=9)

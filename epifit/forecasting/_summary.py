@@ -6,7 +6,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["first_row", "summarize"]
+__all__ = ["LEVELS", "finite_samples", "first_row", "summarize"]
+
+# series summarised by their quantiles only (no peak, no cumulative sum), with
+# the `_total` series of the same name in place of a sum over patches
+LEVELS = ("R_eff",)
 
 
 def first_row(name: str, first_rows: Mapping[str, int]) -> int:
@@ -14,6 +18,21 @@ def first_row(name: str, first_rows: Mapping[str, int]) -> int:
     `first_day + period - 1` for a sum over a period (`first_rows`, by series;
     0 for a series not listed, such as a compartment)."""
     return first_rows.get(name, 0)
+
+
+def finite_samples(
+    series: Mapping[str, np.ndarray], first_rows: Mapping[str, int]
+) -> np.ndarray:
+    """`(sample,)`: whether every series of a sample is finite from its first
+    row on; the reproduction number (`LEVELS`, infinite where an infected
+    state is never left) does not count."""
+    finite = np.ones(len(next(iter(series.values()))), bool)
+    for s, a in series.items():
+        if s in LEVELS or s.removesuffix("_total") in LEVELS:
+            continue
+        body = np.asarray(a)[:, first_row(s, first_rows) :]
+        finite &= np.all(np.isfinite(body), axis=tuple(range(1, body.ndim)))
+    return finite
 
 
 def summarize(
@@ -36,13 +55,26 @@ def summarize(
         time)` (the sum over patches, per sample), and `peak_day_s`, `peak_s`
         (over the whole horizon), `cumulative_s` (over the forecast days),
         each `(quantile, patch)` with a `_total` twin `(quantile,)`. All NaN
-        when there are no samples.
+        when there are no samples. A series of `LEVELS` (`R_eff`) has its
+        quantiles only, its `_total` those of the sample series
+        `R_eff_total (sample, time, 1)`.
     """
     q = np.asarray(quantiles, np.float64)
     out: dict[str, np.ndarray] = {}
     for name, a in samples.items():
+        if any(name == f"{v}_total" for v in LEVELS):
+            continue
         a = np.asarray(a, np.float64)
         k, T, P = a.shape
+        if name in LEVELS:
+            total = np.asarray(samples[f"{name}_total"], np.float64)[..., 0]
+            out[name] = (
+                np.quantile(a, q, axis=0) if k else np.full((q.size, T, P), np.nan)
+            )
+            out[f"{name}_total"] = (
+                np.quantile(total, q, axis=0) if k else np.full((q.size, T), np.nan)
+            )
+            continue
         first = first_row(name, first_rows)
         if k == 0:
             nan = lambda *shape: np.full((q.size, *shape), np.nan)  # noqa: E731

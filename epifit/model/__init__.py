@@ -23,6 +23,16 @@ from epifit.model._per_time import constrain_coefficients as constrain_coefficie
 from epifit.model._per_time import random_walk_nll as random_walk_nll
 from epifit.model._per_time import random_walk_residuals as random_walk_residuals
 from epifit.model._per_time import unconstrain_coefficients as unconstrain_coefficients
+from epifit.model._reproduction import (
+    basic_reproduction_number as basic_reproduction_number,
+)
+from epifit.model._reproduction import (
+    has_reproduction_number as has_reproduction_number,
+)
+from epifit.model._reproduction import reproduction_number as reproduction_number
+from epifit.model._reproduction import (
+    reproduction_number_of as reproduction_number_of,
+)
 from epifit.model._serialize import parameters_json as parameters_json
 from epifit.model._spec import BranchSpec as BranchSpec
 from epifit.model._spec import CompartmentSpec as CompartmentSpec

@@ -272,6 +272,43 @@ def _on_cells(problem: Problem, a: np.ndarray, each: bool = True) -> np.ndarray:
     return a.reshape(*a.shape[:-1], problem.n_patches, problem.model.n_strata)
 
 
+def reproduction_vars(problem: Problem, params, ys) -> dict[str, tuple]:
+    """`R_eff (time, patch)` and `R_eff_total (time)` along the trajectory
+    (`epifit.model.reproduction_number`), for a model with infections whose
+    reproduction number is defined; else nothing."""
+    from epifit.model import has_reproduction_number, reproduction_number
+
+    model = problem.model
+    if not has_reproduction_number(model):
+        return {}
+    r = reproduction_number(model, ys, params, problem.covariates, ts=problem.ts)
+    what = (
+        "the next-generation matrix at each day's susceptibles and rates "
+        "(docs/models.md, 'The reproduction number')"
+    )
+    return {
+        "R_eff": (
+            (TIME, PATCH),
+            np.asarray(r["R_eff"], np.float64),
+            {
+                "long_name": "effective reproduction number of a new infection "
+                "in the patch (infections caused in all patches)",
+                "units": "1",
+                "comment": f"column sums of {what}",
+            },
+        ),
+        "R_eff_total": (
+            (TIME,),
+            np.asarray(r["R_eff_total"], np.float64),
+            {
+                "long_name": "effective reproduction number, all patches",
+                "units": "1",
+                "comment": f"spectral radius of {what}",
+            },
+        ),
+    }
+
+
 def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Dataset:
     model = problem.model
     ys = {k: np.asarray(v) for k, v in sol.ys.items()}
@@ -352,6 +389,7 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
                     "units_comment": obs_from,
                 },
             )
+    data_vars.update(reproduction_vars(problem, params, sol.ys))
     stats = {k: int(np.asarray(v)) for k, v in sol.stats.items()}
     base = {
         "title": f"epifit simulation of model '{problem.spec.name}'",
