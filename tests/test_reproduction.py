@@ -11,6 +11,7 @@ from helpers import MODELS
 from epifit.model import (
     basic_reproduction_number,
     compile_model,
+    has_reproduction_number,
     load_model,
     loads_model,
     reproduction_number,
@@ -482,3 +483,24 @@ def test_forecast_r_eff_follows_a_scenario_that_halves_transmission():
         np.testing.assert_allclose(
             one["R_eff_total"].values[0], one["estimate_R_eff_total"].values, rtol=1e-12
         )
+
+
+# -- the other helpers' structures: open populations, state rates, strata -----------
+def test_r0_with_deaths_from_every_compartment_is_beta_over_gamma_plus_mu():
+    seir = SEIR.format(k=2, m=3, per_e='rate_per = "chain"', per_i='rate_per = "chain"')
+    text = seir.replace(
+        "[initial]",
+        '[[outflows]]\nname = "deaths"\nrate = "mu"\n[[inflows]]\nname = "births"\n'
+        'to = "S"\nrate = "mu * N"\n[initial]',
+    ).replace("[parameters]\n", "[parameters]\nmu = { value = 0.05, fixed = true }\n")
+    model = _model(text)
+    r0 = basic_reproduction_number(model, _values(model))
+    # E (2 stages at 2 sigma) then I (3 stages at 3 gamma), each stage also left at mu
+    p_e = (2 * 0.4 / (2 * 0.4 + 0.05)) ** 2
+    t_i = sum((3 * 0.2 / (3 * 0.2 + 0.05)) ** j / (3 * 0.2 + 0.05) for j in range(3))
+    np.testing.assert_allclose(r0["R0_total"], 0.6 * p_e * t_i, rtol=1e-10)
+
+
+def test_no_reproduction_number_for_rates_that_read_the_state():
+    model = compile_model(load_model(MODELS / "seir_vaccination.toml"))
+    assert not has_reproduction_number(model)

@@ -123,7 +123,11 @@ def infected_states(plan: Plan, stages: Mapping[str, int]) -> tuple[State, ...]:
 
 def has_reproduction_number(model) -> bool:
     """Whether [`reproduction_number`][] is defined for `model`: it has
-    infections, and no infected compartment is infected again."""
+    infections, no infected compartment is infected again, and no rate reads
+    the state (such rates are evaluated in the vector field only; their
+    next-generation matrix would need the state's derivatives too)."""
+    if model.plan.state_slots:
+        return False
     try:
         infected_states(model.plan, model.stages)
     except ValueError:
@@ -177,6 +181,10 @@ def _transfer(plan, stages, states, get, n: int) -> Array:
                     r = (1.0 - taken) * rate
                 if (b := index.get((br.target, 0))) is not None:
                     add(b, a, -r)
+    for r in plan.removals:  # deaths to outside leave every stage
+        for j in range(stages[r.compartment]):
+            if (a := index.get((r.compartment, j))) is not None:
+                add(a, a, get(r.rate))
     m = len(states)
     V = jnp.zeros((n, m, m), jnp.result_type(*vals) if vals else float)
     for i, j, v in zip(rows, cols, vals, strict=True):

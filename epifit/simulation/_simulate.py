@@ -288,8 +288,8 @@ def reproduction_vars(problem: Problem, params, ys) -> dict[str, tuple]:
     )
     return {
         "R_eff": (
-            (TIME, PATCH),
-            np.asarray(r["R_eff"], np.float64),
+            (TIME, *_cells(problem)),
+            _on_cells(problem, np.asarray(r["R_eff"], np.float64)),
             {
                 "long_name": "effective reproduction number of a new infection "
                 "in the patch (infections caused in all patches)",
