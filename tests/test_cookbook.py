@@ -161,3 +161,41 @@ def test_a_scenario_changes_a_parameter_a_state_rate_reads():
     half = fc["estimate_vaccinated"].sel(scenario="half_eff").values[:, 0]
     np.testing.assert_allclose(half[1:60], base[1:60], rtol=1e-9)
     np.testing.assert_allclose(half[62:90], base[62:90] / 2, rtol=1e-3)
+
+
+@pytest.mark.slow
+def test_a_weekly_random_walk_recovers_r_eff():
+    """`seir_rw.toml`: cases simulated with beta 0.6, 0.4, 0.3, 0.5 on four
+    periods (days 0-27, 28-55, 56-90, 91-119: changes on week boundaries, as
+    policy changes are dated), Poisson noise; the fit with the weekly random
+    walk recovers R_eff(t) (from the model's next-generation matrix) within
+    10% on at least 90% of the days after day 14."""
+    from epifit.model import reproduction_number
+
+    problem = Problem("models/seir_rw.toml", rw_dataset())
+    model = problem.model
+    weekly = np.repeat([0.6, 0.4, 0.3, 0.5], [4, 4, 5, 5])
+    values = model.constrain(problem.init_params())
+    values = {p.name: values[p.name] for p in problem.spec.parameters}
+    truth_params = model.unconstrain({**values, "beta": weekly})
+    settings = SolverSettings(rtol=1e-9, atol=1e-9)
+    sol = problem.solve(truth_params, settings)
+    mu = np.asarray(problem.predict(truth_params, sol.ys)["cases"][:, 0])
+    truth = np.asarray(
+        reproduction_number(model, sol.ys, truth_params, ts=problem.ts)["R_eff_total"]
+    )
+    counts = np.random.default_rng(5).poisson(mu).astype(float)
+    data = rw_dataset()
+    data["cases"] = ("time", np.concatenate([[np.nan], counts]))
+    fit = epifit.calibrate(
+        "models/seir_rw.toml", data, uncertainty=False, progress=False
+    )
+    assert fit.converged, fit.message
+    fitted_sol = fit.problem.solve(fit.params, settings)
+    fitted = np.asarray(
+        reproduction_number(model, fitted_sol.ys, fit.params, ts=problem.ts)[
+            "R_eff_total"
+        ]
+    )
+    error = np.abs(fitted / truth - 1.0)[15:]
+    assert np.mean(error < 0.10) >= 0.90, np.round(error, 3)
