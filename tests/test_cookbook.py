@@ -73,7 +73,27 @@ def rw_dataset() -> xr.Dataset:
     return xr.Dataset({"cases": ("time", np.ones(120))}, coords={"time": time})
 
 
+def age_region_dataset() -> xr.Dataset:
+    regions = ["north", "south"]
+    time = pd.date_range("2021-01-04", periods=90)
+    population = np.array([[20000.0, 55000.0, 25000.0], [10000.0, 30000.0, 20000.0]])
+    ds = xr.Dataset(
+        {
+            "population": (("patch", "age"), population),
+            "contacts": (("age", "age_to"), CONTACTS),
+        },
+        coords={"patch": regions, "age": AGES, "age_to": AGES, "time": time},
+    )
+    from epifit.model import load_model
+
+    for o in load_model("models/seir_age_region.toml").observations:
+        dims = ("time", "patch", "age") if o.strata == "each" else ("time", "patch")
+        ds[o.name] = (dims, np.ones(tuple(ds.sizes[d] for d in dims)))
+    return ds
+
+
 RECIPES = {
+    "seir_age_region": age_region_dataset,
     "seir_age3": age_dataset,
     "two_strain": two_strain_dataset,
     "seir_vaccination": vaccination_dataset,
