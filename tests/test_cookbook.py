@@ -219,3 +219,21 @@ def test_a_weekly_random_walk_recovers_r_eff():
     )
     error = np.abs(fitted / truth - 1.0)[15:]
     assert np.mean(error < 0.10) >= 0.90, np.round(error, 3)
+
+
+@pytest.mark.slow
+def test_a_stratified_fit_recovers_and_labels_its_strata():
+    ds = age_region_dataset()
+    problem = Problem("models/seir_age_region.toml", ds)
+    params = problem.init_params()
+    rng = np.random.default_rng(0)
+    for name, mu in problem.predict(params, problem.solve(params).ys).items():
+        full = np.full(ds[name].shape, np.nan)
+        full[1:] = rng.poisson(np.asarray(mu)).reshape(full[1:].shape)
+        ds[name] = (ds[name].dims, full)
+    fit = epifit.calibrate("models/seir_age_region.toml", ds, progress=False)
+    rows = {r["label"]: r for r in fit.table}
+    for age, want in zip(AGES, [0.8, 1.0, 1.2], strict=True):
+        row = rows[f"susceptibility[{age}]"]
+        assert abs(row["estimate"] - want) < 3 * row["se"], age
+    assert not any("shared" in n for n in fit.notes)  # per age, not scalar

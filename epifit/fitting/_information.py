@@ -38,7 +38,11 @@ def shared_parameter_note(objective: Objective) -> str:
     n_patches = len(problem.patches)
     if n_patches < 2:
         return ""
-    scalar = {p.name for p in problem.spec.parameters if not p.per_patch}
+    scalar = {
+        p.name
+        for p in problem.spec.parameters
+        if not (p.per_patch or p.per_stratum or p.per_time)
+    }
     shared = [n for n in dict.fromkeys(objective.free.names) if n in scalar]
     if not shared:
         return ""

@@ -11,7 +11,7 @@ from __future__ import annotations
 import abc
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,24 +113,40 @@ def time_labels(model) -> dict[str, list[str]]:
 
 def problem_labels(problem: Problem, tree) -> tuple[list[str], list[str]]:
     """[`leaf_labels`][] of a parameter pytree of `problem`'s model."""
-    per_patch = {p.name for p in problem.spec.parameters if p.per_patch}
-    return leaf_labels(tree, problem.patches, per_patch, time_labels(problem.model))
+    spec = problem.spec
+    per_patch = {p.name for p in spec.parameters if p.per_patch}
+    strata = {}
+    if spec.strata is not None:  # per_stratum: labelled by stratum (and patch)
+        strata = {p.name: spec.strata.labels for p in spec.parameters if p.per_stratum}
+    return leaf_labels(
+        tree, problem.patches, per_patch, time_labels(problem.model), strata
+    )
 
 
 def leaf_labels(
-    tree, patches, per_patch, per_time: Mapping[str, list[str]] | None = None
+    tree,
+    patches,
+    per_patch,
+    per_time: Mapping[str, list[str]] | None = None,
+    per_stratum: Mapping[str, Sequence[str]] | None = None,
 ) -> tuple[list[str], list[str]]:
     """A label for every element of every array leaf of a parameter pytree (in
     `ravel_pytree` order) and the parameter each belongs to; the coefficients
     of a time-varying parameter (`per_time`: name -> labels along time, see
     [`time_labels`][]) are `beta[t0]`, or `beta[t0, north]` per patch."""
     labels, names = [], []
-    per_time = per_time or {}
+    per_time, per_stratum = per_time or {}, per_stratum or {}
     for path, leaf in jtu.tree_flatten_with_path(tree)[0]:
         name = str(path[0].key)
         base = name + jtu.keystr(tuple(path[1:]))
         arr = np.asarray(leaf)
-        if name in per_time:
+        if name in per_stratum:  # (stratum,) or (patch, stratum)
+            strata = per_stratum[name]
+            if arr.ndim == 2:
+                labels += [f"{name}[{p}, {s}]" for p in patches for s in strata]
+            else:
+                labels += [f"{name}[{s}]" for s in strata]
+        elif name in per_time:
             along = per_time[name]
             if arr.ndim == 2:
                 labels += [f"{name}[{t}, {p}]" for t in along for p in patches]

@@ -233,8 +233,12 @@ def _coefficient_ends(p, value, xp, sp, z):
     return slope, c(xp - z * sp), c(xp + z * sp)
 
 
-def _entries(p, v: np.ndarray, patches, along) -> list[tuple[str, str]]:
+def _entries(p, v: np.ndarray, patches, along, strata=()) -> list[tuple[str, str]]:
     """`(label, patch)` of each element of a parameter's value, flat."""
+    if p.per_stratum and v.ndim == 2:
+        return [(f"{p.name}[{q}, {s}]", q) for q in patches for s in strata]
+    if p.per_stratum and v.ndim == 1:
+        return [(f"{p.name}[{s}]", "") for s in strata]
     if p.per_time is not None:
         if v.ndim == 2:
             return [(f"{p.name}[{t}, {q}]", q) for t in along for q in patches]
@@ -268,7 +272,8 @@ def parameter_table(
     rows = []
     for p in problem.spec.parameters:
         v = np.asarray(arrays["values"][p.name], np.float64)
-        entries = _entries(p, v, problem.patches, along.get(p.name))
+        strata = () if problem.spec.strata is None else problem.spec.strata.labels
+        entries = _entries(p, v, problem.patches, along.get(p.name), strata)
         idx = np.flatnonzero(names == p.name)
         for j, (label, patch) in enumerate(entries):
             est = float(np.ravel(v)[j])
