@@ -363,8 +363,9 @@ def test_forecast_horizon_is_checked_against_memory(monkeypatch):
     problem = Problem(SIR, DATA)
     with pytest.raises(
         SizeError,
-        match=r"^days = 100000000 with 100 samples needs about 169 GB for 1e\+08 "
-        r"days x \(2 x 101 draws x 1 series x 1 patches \+ 3 x 3 states\) x 8 "
+        # 2 series: the observation and R_eff(t)
+        match=r"^days = 100000000 with 100 samples needs about 330 GB for 1e\+08 "
+        r"days x \(2 x 101 draws x 2 series x 1 patches \+ 3 x 3 states\) x 8 "
         r"bytes; at most 1\.0 GB on this machine .*give fewer days \(--days\) or "
         r"samples \(--samples\)\.$",
     ):
