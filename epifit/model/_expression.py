@@ -106,33 +106,45 @@ class Expression:
     def __str__(self) -> str:
         return self.source
 
-    def evaluate(self, env: Mapping[str, Any]) -> Array:
-        """Evaluate with `jnp`, reading names from `env`.
+    def evaluate(self, env: Mapping[str, Any], *, safe_division: bool = False) -> Array:
+        """Evaluate with `jnp`, reading names from `env`. With
+        `safe_division`, `a / b` is 0 (with zero derivatives) where `b` is
+        exactly 0 (the rates that read the state: `doses / S` at `S = 0`).
 
         Examples:
             >>> e = parse_expression("-log(-expm1(-k * a)) / g")
             >>> round(float(e.evaluate({"k": 0.5, "a": 0.07, "g": 1.5})), 4)
             2.2466
         """
-        return jnp.asarray(_evaluate(self.tree, env))
+        ops = _SAFE_IMPL if safe_division else _BINARY_IMPL
+        return jnp.asarray(_evaluate(self.tree, env, ops))
 
 
-def _evaluate(node: tuple, env: Mapping[str, Any]) -> Any:
+def _divide(a, b):
+    """`a / b`, 0 where `b == 0` (the double `where`: finite derivatives)."""
+    zero = b == 0
+    return jnp.where(zero, 0.0, a / jnp.where(zero, 1.0, b))
+
+
+_SAFE_IMPL = {**_BINARY_IMPL, "div": _divide}
+
+
+def _evaluate(node: tuple, env: Mapping[str, Any], ops) -> Any:
     kind = node[0]
     if kind == "num":
         return jnp.asarray(node[1])  # weakly typed: never promotes float32 inputs
     if kind == "name":
         return env[node[1]]
     if kind == "neg":
-        return -_evaluate(node[1], env)
+        return -_evaluate(node[1], env, ops)
     if kind == "call":
-        return FUNCTIONS[node[1]][2](*(_evaluate(a, env) for a in node[2]))
+        return FUNCTIONS[node[1]][2](*(_evaluate(a, env, ops) for a in node[2]))
     if kind == "chain":
-        out = _evaluate(node[1], env)
+        out = _evaluate(node[1], env, ops)
         for op, operand in node[2]:
-            out = _BINARY_IMPL[op](out, _evaluate(operand, env))
+            out = ops[op](out, _evaluate(operand, env, ops))
         return out
-    return _BINARY_IMPL[kind](_evaluate(node[1], env), _evaluate(node[2], env))
+    return ops[kind](_evaluate(node[1], env, ops), _evaluate(node[2], env, ops))
 
 
 def parse_expression(

@@ -21,10 +21,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import jax.numpy as jnp
 from jaxtyping import Array
 
-from epifit.model._expression import FUNCTIONS
 from epifit.model._plan import Plan, Slot
 
 __all__ = ["NAMES", "put_state_names", "state_value"]
@@ -65,39 +63,6 @@ def state_value(slot: Slot, y: Mapping[str, Array], get: Callable) -> Array:
                 env[name] = get(NAMES + name)
     total = None
     for e in slot.expressions:
-        v = _evaluate(e.tree, env)
+        v = e.evaluate(env, safe_division=True)
         total = v if total is None else total + v
     return total if slot.factor == 1.0 else slot.factor * total
-
-
-def _divide(a, b):
-    zero = b == 0
-    return jnp.where(zero, 0.0, a / jnp.where(zero, 1.0, b))
-
-
-_OPS: dict[str, Callable[[Any, Any], Any]] = {
-    "add": lambda a, b: a + b,
-    "sub": lambda a, b: a - b,
-    "mul": lambda a, b: a * b,
-    "div": _divide,
-    "pow": lambda a, b: a**b,
-}
-
-
-def _evaluate(node: tuple, env: Mapping[str, Any]) -> Any:
-    """`Expression.evaluate` with the safe division."""
-    kind = node[0]
-    if kind == "num":
-        return jnp.asarray(node[1])
-    if kind == "name":
-        return env[node[1]]
-    if kind == "neg":
-        return -_evaluate(node[1], env)
-    if kind == "call":
-        return FUNCTIONS[node[1]][2](*(_evaluate(a, env) for a in node[2]))
-    if kind == "chain":
-        out = _evaluate(node[1], env)
-        for op, operand in node[2]:
-            out = _OPS[op](out, _evaluate(operand, env))
-        return out
-    return _OPS[kind](_evaluate(node[1], env), _evaluate(node[2], env))
