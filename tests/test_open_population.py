@@ -697,10 +697,9 @@ infectious = ["I"]
             r"outflows\[0\]\.rate: unknown name 'T' in expression 'mu / T'; known: S, "
             r"I, R, beta, mu",
         ),
-        (
-            '[derived]\nprevalence = "I / 1000"',
-            r"derived\.prevalence: 'I' \(a compartment\) cannot be used in a derived "
-            r"quantity, which may use parameters and derived quantities only",
+        (  # a derived series (it reads I) cannot feed a rate
+            '[derived]\nprevalence = "I / 1000"\n[[outflows]]\nrate = "prevalence"',
+            r"outflows\[0\]\.rate: 'prevalence' \(a derived series\) cannot be used",
         ),
         (
             '[initial]\nS = "1 - I"',

@@ -34,6 +34,7 @@ from epifit.model._reproduction import (
     reproduction_number_of as reproduction_number_of,
 )
 from epifit.model._serialize import parameters_json as parameters_json
+from epifit.model._series import derived_series as derived_series
 from epifit.model._spec import BranchSpec as BranchSpec
 from epifit.model._spec import CompartmentSpec as CompartmentSpec
 from epifit.model._spec import CouplingSpec as CouplingSpec

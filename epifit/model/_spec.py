@@ -342,6 +342,7 @@ class ModelSpec:
     compartments: tuple[CompartmentSpec, ...]
     parameters: tuple[ParameterSpec, ...] = ()
     derived: tuple[DerivedSpec, ...] = ()
+    series: tuple[DerivedSpec, ...] = ()  # [derived] reading the state/covariates
     transitions: tuple[TransitionSpec, ...] = ()
     infections: tuple[InfectionSpec, ...] = ()
     inflows: tuple[InflowSpec, ...] = ()

@@ -17,7 +17,7 @@ import numpy as np
 from epifit._errors import describe_type
 from epifit._schema import FEATURE, PATCH, PATCH_TO, TIME
 from epifit._toml import at, join
-from epifit.model._expression import fold
+from epifit.model._derived_read import read_derived
 from epifit.model._fields import (
     ALL_DIMS,
     COUPLING_DIMS,
@@ -31,13 +31,11 @@ from epifit.model._neural import ACTIVATIONS, canonical_activation
 from epifit.model._observation_read import read_observations
 from epifit.model._open import open_edges, read_inflows, read_outflows
 from epifit.model._per_time_read import read_per_time, read_smoothing
-from epifit.model._plan import dependency_order
 from epifit.model._section import SectionContext
 from epifit.model._spec import (
     CompartmentSpec,
     CouplingSpec,
     CovariateSpec,
-    DerivedSpec,
     InitialSpec,
     ModelSpec,
     NeuralSpec,
@@ -90,7 +88,7 @@ def spec_from_dict(
     covariates = _read_covariates(ctx)
     parameters = _read_parameters(ctx)
     neural = _read_neural(ctx)
-    derived = _read_derived(ctx)
+    derived, series = read_derived(ctx)
     couplings = _read_couplings(ctx)
     transitions = read_transitions(ctx)
     infections = read_infections(ctx)
@@ -113,6 +111,7 @@ def spec_from_dict(
         compartments=compartments,
         parameters=parameters + observed.parameters,
         derived=derived + observed.derived,
+        series=series,
         transitions=transitions,
         infections=infections,
         inflows=inflows,
@@ -368,59 +367,6 @@ def _read_neural(ctx: SectionContext) -> tuple[NeuralSpec, ...]:
                 fixed,
             )
         )
-    return tuple(out)
-
-
-def _read_derived(ctx: SectionContext) -> tuple[DerivedSpec, ...]:
-    r = ctx.r
-    entries = ctx.named_tables("derived")
-    for name, _, loc in entries:
-        r.identifier(name, loc, "derived quantity")
-        ctx.declare(name, "derived quantity", loc)
-    for name, _, _ in entries:
-        ctx.symbols[name] = ("derived quantity", False, False)
-    allowed = ("parameter", "derived quantity")
-    out = []
-    deps: dict[str, frozenset[str]] = {}
-    locations: dict[str, str] = {}
-    for name, entry, loc in entries:
-        if isinstance(entry, Mapping):
-            t = r.table(entry, loc, required=("expression",))
-            entry, loc = t["expression"], at(loc, "expression")
-        expr = ctx.expression(entry, loc, allowed, "a derived quantity", check=False)
-        deps[name] = expr.names
-        locations[name] = loc
-        out.append(DerivedSpec(name, expr))
-    # cycles, and per-patch-ness inherited from what a quantity reads
-    state: dict[str, int] = {}
-
-    def visit(n: str, chain: list[str]) -> bool:
-        if state.get(n) == 2:
-            return ctx.symbols[n][1]
-        if state.get(n) == 1:
-            cycle = " -> ".join(chain[chain.index(n) :] + [n])
-            raise r.fail(at("derived", n), f"circular definition: {cycle}")
-        state[n] = 1
-        per_patch = False
-        for d in sorted(deps[n]):
-            if d in deps:
-                per_patch |= visit(d, [*chain, n])
-            else:
-                per_patch |= ctx.symbols[d][1]
-        state[n] = 2
-        ctx.symbols[n] = ("derived quantity", per_patch, False)
-        return per_patch
-
-    for name in deps:
-        visit(name, [])
-    # the values known at load time, each after those it reads
-    exprs = {d.name: d.expression for d in out}
-    for name in dependency_order(deps):
-        ctx.check_value(exprs[name], locations[name], "a derived quantity")
-        for env in (ctx.constants, ctx.start):
-            value, _ = fold(exprs[name], env)
-            if value is not None:
-                env[name] = value
     return tuple(out)
 
 

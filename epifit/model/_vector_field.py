@@ -113,7 +113,10 @@ def right_hand_side(
         dy[name] = d.astype(x.dtype)
     for edge, terms in flows.items():
         key = flow_key(edge)
-        dy[key] = _total(terms)[None, :].astype(y[key].dtype)
+        if (
+            key in y
+        ):  # a state without accumulators gets none (`initial_state` adds them)
+            dy[key] = _total(terms)[None, :].astype(y[key].dtype)
     return dy
 
 

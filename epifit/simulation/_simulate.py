@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, TIME, DataError
-from epifit.model import parameters_json
+from epifit.model import derived_series, parameters_json
 from epifit.simulation._noise import noise_of
 from epifit.simulation._observe import DEFAULT_START, add_observations, set_dates
 from epifit.simulation._problem import Problem
@@ -272,6 +272,21 @@ def _on_cells(problem: Problem, a: np.ndarray, each: bool = True) -> np.ndarray:
     return a.reshape(*a.shape[:-1], problem.n_patches, problem.model.n_strata)
 
 
+def series_vars(problem: Problem, params, ys) -> dict[str, tuple]:
+    """The derived series (`[derived]` reading the state or covariates) along
+    the trajectory, `(time, patch[, stratum])` each."""
+    source = {d.name: d.expression.source for d in problem.spec.series}
+    series = derived_series(problem.model, ys, params, problem.covariates)
+    return {
+        name: (
+            (TIME, *_cells(problem)),
+            _on_cells(problem, np.asarray(value, np.float64)),
+            {"long_name": f"derived series {name} = {source[name]}"},
+        )
+        for name, value in series.items()
+    }
+
+
 def reproduction_vars(problem: Problem, params, ys) -> dict[str, tuple]:
     """`R_eff (time, patch)` and `R_eff_total (time)` along the trajectory
     (`epifit.model.reproduction_number`), for a model with infections whose
@@ -390,6 +405,7 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
                 },
             )
     data_vars.update(reproduction_vars(problem, params, sol.ys))
+    data_vars.update(series_vars(problem, params, sol.ys))
     stats = {k: int(np.asarray(v)) for k, v in sol.stats.items()}
     base = {
         "title": f"epifit simulation of model '{problem.spec.name}'",
