@@ -33,6 +33,7 @@ from epifit.data._bind import BoundData as BoundData
 from epifit.data._bind import time_index as time_index
 from epifit.data._bind import validate_dataset as validate_dataset
 from epifit.data._bind import weekday as weekday
+from epifit.data._bind import weekday_of as weekday_of
 from epifit.data._errors import DataError as DataError
 from epifit.data._io import open_dataset as open_dataset
 from epifit.data._io import write_dataset as write_dataset

@@ -368,5 +368,10 @@ def weekday(ds: xr.Dataset | xr.DataArray) -> np.ndarray:
             f"Coordinate '{TIME}' has dtype {values.dtype}; the day of the week needs "
             "dates (datetime64), not day numbers"
         )
-    days = values.astype("datetime64[D]").astype(np.int64)
-    return ((days + 3) % 7).astype(np.int32)  # 1970-01-01 was a Thursday (3)
+    return weekday_of(values)
+
+
+def weekday_of(dates: np.ndarray) -> np.ndarray:
+    """The day of the week of each date, Monday 0 (1970-01-01 was a Thursday)."""
+    days = np.asarray(dates).astype("datetime64[D]").astype(np.int64)
+    return ((days + 3) % 7).astype(np.int32)

@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
+from epifit.data import weekday_of
 from epifit.model import ObservationSpec
 
 __all__ = [
@@ -87,9 +88,7 @@ def at_stamps(
     end = stamps.days - stamps.first_day  # the row of each stamp's last day
     if stamps.period == 1:
         return series[end]
-    cumulative = jnp.concatenate(
-        [jnp.zeros_like(series[:1]), jnp.cumsum(series, axis=0)], axis=0
-    )
+    cumulative = _cumulative(series)
     return cumulative[end + 1] - cumulative[end + 1 - stamps.period]
 
 
@@ -101,15 +100,14 @@ def period_sums(
     `period - 1` rows, whose period starts before the series."""
     if period == 1:
         return series
-    cumulative = jnp.concatenate(
-        [jnp.zeros_like(series[:1]), jnp.cumsum(series, axis=0)], axis=0
-    )
+    cumulative = _cumulative(series)
     sums = cumulative[period:] - cumulative[:-period]
     head = jnp.full((period - 1, *series.shape[1:]), jnp.nan, series.dtype)
     return jnp.concatenate([head, sums], axis=0)[: series.shape[0]]
 
 
-def weekday_of(dates: np.ndarray) -> np.ndarray:
-    """The day of the week of each date, Monday 0 (1970-01-01 was a Thursday)."""
-    days = np.asarray(dates).astype("datetime64[D]").astype(np.int64)
-    return ((days + 3) % 7).astype(np.int32)
+def _cumulative(series: Array) -> Array:
+    """`[0, x0, x0 + x1, ...]` along the first axis: one row more."""
+    return jnp.concatenate(
+        [jnp.zeros_like(series[:1]), jnp.cumsum(series, axis=0)], axis=0
+    )
