@@ -32,6 +32,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from epifit.model._coupling import SparseCoupling
 from epifit.model._plan import Plan
@@ -253,9 +254,13 @@ def _raise_if_changed(checked: Mapping[str, Any], b: np.ndarray, path) -> None:
     if not isinstance(days, jax.core.Tracer):
         check(days)
         return
-    # An effectful callback: never removed by dead-code elimination, and
-    # transparent to differentiation (as the ODE core's failure check).
-    jax.debug.callback(check, jnp.moveaxis(days, 0, -1))
+    # An effectful callback (never removed by dead-code elimination, and
+    # transparent to differentiation, as the ODE core's failure check), in a
+    # `cond`: a host round trip costs about 70 us a solve, the `cond` 30 us.
+    def fail():
+        jax.debug.callback(check, jnp.moveaxis(days, 0, -1))
+
+    lax.cond(jnp.any(days >= 0), fail, lambda: None)
 
 
 def _message(name: str, day: int, b: np.ndarray, path) -> str:
