@@ -105,6 +105,8 @@ def test_change_days_count_nan_as_equal_to_nan():
     # past its last day a covariate carries its last day forward
     assert break_days(model, {"term": term}, 20) == (0, 2, 4, 6)
     assert break_days(model, {"term": jnp.ones(5)}, 5) == (0,)
+    with pytest.raises(ValueError, match="no covariate 'term' given; found: 'x'"):
+        break_days(model, {"x": term}, term.size)
 
 
 TV = {

@@ -99,6 +99,11 @@ def break_days(model, covariates: Mapping[str, Any], n_days: int):
         horizon = model.days if model.days is not None else int(n_days)
         days |= set(range(0, horizon, basis.days))
     for name in src.covariates:
+        if name not in covariates:
+            raise ValueError(
+                f"break_days: no covariate {name!r} given; found: "
+                f"{', '.join(map(repr, covariates)) or 'none'}"
+            )
         a = covariates[name]
         v = a.values if isinstance(a, SparseCoupling) else a
         if isinstance(v, jax.core.Tracer):
@@ -242,25 +247,27 @@ def _raise_if_changed(checked: Mapping[str, Any], b: np.ndarray, path) -> None:
     if not checked:
         return
     names = list(checked)
-    days = jnp.stack([checked[n] for n in names])
 
-    def check(days):
-        days = np.asarray(days).reshape(-1, len(names))
-        for row in days:
-            for name, d in zip(names, row, strict=True):
-                if int(d) >= 0:
-                    raise ValueError(_message(name, int(d), b, path))
+    def check(*days):
+        # one array per covariate: a scalar, or one day per dataset under vmap
+        for name, d in zip(names, days, strict=True):
+            d = np.ravel(np.asarray(d))
+            if np.any(d >= 0):
+                raise ValueError(_message(name, int(d[d >= 0][0]), b, path))
 
-    if not isinstance(days, jax.core.Tracer):
-        check(days)
+    days = [checked[n] for n in names]
+    if not any(isinstance(d, jax.core.Tracer) for d in days):
+        check(*days)
         return
+
     # An effectful callback (never removed by dead-code elimination, and
     # transparent to differentiation, as the ODE core's failure check), in a
     # `cond`: a host round trip costs about 70 us a solve, the `cond` 30 us.
     def fail():
-        jax.debug.callback(check, jnp.moveaxis(days, 0, -1))
+        jax.debug.callback(check, *days)
 
-    lax.cond(jnp.any(days >= 0), fail, lambda: None)
+    bad = jnp.any(jnp.stack([d >= 0 for d in days]))
+    lax.cond(bad, fail, lambda: None)
 
 
 def _message(name: str, day: int, b: np.ndarray, path) -> str:
