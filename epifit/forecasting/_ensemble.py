@@ -39,6 +39,7 @@ from epifit.model import (
     STATE_NAMES,
     CompiledModel,
     constrain_coefficients,
+    derived_series,
     has_reproduction_number,
     reproduction_number_of,
     unconstrain,
@@ -112,7 +113,9 @@ class EnsembleConfig:
 
     With infections (`reproduction`), each trajectory also returns `R_eff
     (time, patch)` and `R_eff_total` (as `(time, 1)`) at the scenario's
-    rates (`epifit.model.reproduction_number_of`).
+    rates (`epifit.model.reproduction_number_of`); and every derived series
+    (`derived`) `(time, patch)`, at the scenario's parameters and
+    covariates (`epifit.model.derived_series`).
     """
 
     model: CompiledModel
@@ -141,6 +144,12 @@ class EnsembleConfig:
     @functools.cached_property
     def reproduction(self) -> bool:
         return has_reproduction_number(self.model)
+
+    @property
+    def derived(self) -> tuple[str, ...]:
+        """The model's derived series (`[derived]` reading the state or
+        covariates)."""
+        return tuple(d.name for d in self.model.spec.series)
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -307,6 +316,10 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
         r = reproduction_number_of(model, sol.ys, args, inputs, ts=run.ts)
         out[REFF] = r[REFF].astype(cfg.dtype)
         out[REFF_TOTAL] = r[REFF_TOTAL][:, None].astype(cfg.dtype)
+    if cfg.derived:  # each day at its interval's parameters
+        per = [derived_series(model, sol.ys, p, cov) for p in plist]
+        for name in cfg.derived:
+            out[name] = _select(cfg, [d[name] for d in per]).astype(cfg.dtype)
     return out, sol.result
 
 
@@ -369,7 +382,7 @@ def default_chunk(cfg: EnsembleConfig, n: int, backend: str | None = None) -> in
     comes from `benchmarks/forecast.py`).
     """
     state = sum(cfg.model.stages.values()) * cfg.n_patches
-    series = len(cfg.observations) + len(cfg.compartments) + cfg.reproduction
+    series = len(cfg.observations + cfg.compartments + cfg.derived) + cfg.reproduction
     per_sample = 8 * cfg.n_days * (3 * state + 4 * series * cfg.n_patches)
     chunk = CHUNK_BUDGET_BYTES // max(per_sample, 1)
     if (backend or jax.default_backend()) == "cpu":
