@@ -247,6 +247,59 @@ def test_labels_name_the_pieces_and_patches():
     ]
 
 
+def _drop_model(**fields):
+    """The SEIR whose recovery rate `gamma - drop` falls below 0 on the days
+    where the time-varying `drop` (weekly pieces) exceeds gamma = 0.2."""
+    data = copy.deepcopy(SEIR)
+    data["parameters"]["gamma"] = {"value": 0.2, "fixed": True}
+    data["parameters"]["drop"] = {
+        "value": 0.05,
+        "transform": "softplus",
+        "per_time": 7,
+        **fields,
+    }
+    data["transitions"][1]["rate"] = "gamma - drop"
+    return load(data)
+
+
+def test_ranges_that_read_a_time_varying_parameter_are_checked_each_day():
+    from epifit.data import DataError
+    from epifit.simulation import load_params
+
+    problem = Problem(_drop_model(), dataset(28))
+    model = problem.model
+    params = problem.init_params()
+    assert (
+        model.range_violations(model.constrain(params), model.daily_values(params))
+        == []
+    )
+    values = {**model.constrain(params), "drop": np.array([0.05, 0.1, 0.45, 0.05])}
+    bad = model.unconstrain(values)
+    # 0.2 - 0.45 on the third week's days, 14-20: the first one is named
+    assert model.range_violations(model.constrain(bad), model.daily_values(bad)) == [
+        "transitions[1].rate: a rate must be >= 0, but 'gamma - drop' is "
+        f"{0.2 - float(model.daily_values(bad)['drop'][14])!r} on day 14"
+    ]
+    assert model.range_violations(model.constrain(bad)) == []  # no days: skipped
+    with pytest.raises(
+        DataError,
+        match=r"^params: these values break the model: transitions\[1\]\.rate: a "
+        r"rate must be >= 0, but 'gamma - drop' is -0\.2\d* on day 14$",
+    ):
+        load_params(problem, {"drop": [0.05, 0.1, 0.45, 0.05]})
+    # per patch: the day and the patch's value; the other patch stays in range
+    problem = Problem(_drop_model(per_patch=True), dataset(28, patches=["a", "b"]))
+    model = problem.model
+    drop = np.full((4, 2), 0.05)
+    drop[3, 1] = 0.3
+    p = model.unconstrain({**model.constrain(problem.init_params()), "drop": drop})
+    got = 0.2 - float(model.daily_values(p)["drop"][21, 1])  # about -0.1
+    assert model.range_violations(model.constrain(p), model.daily_values(p)) == [
+        f"transitions[1].rate: a rate must be >= 0, but 'gamma - drop' is {got!r} "
+        "on day 21"
+    ]
+
+
 # -- gradients ------------------------------------------------------------------------
 def test_gradients_of_the_pieces_agree_with_fd_and_across_adjoints():
     days = 40

@@ -278,18 +278,18 @@ class CompiledModel(eqx.Module):
         and per-stratum values expanded to the cells (patch-major)."""
         return self._on_cells(self.constrain(params))
 
-    def range_violations(self, values: Mapping[str, Any]) -> list[str]:
-        """The fields whose required range (rates >= 0, probabilities in
-        [0, 1], initial conditions >= 0, populations > 0) the constrained
-        `values` (parameters and derived quantities, concrete: e.g.
-        `constrain(params)` at a fitted point) break, as sentences naming the
-        field and the expression. The same checks the model file got at its
-        initial values; expressions that read covariates or time-varying
-        parameters are skipped. Cost: one NumPy evaluation per checked
-        expression, outside any solve."""
+    def range_violations(
+        self, values: Mapping[str, Any], daily: Mapping[str, Any] | None = None
+    ) -> list[str]:
+        """The fields whose required range (rates >= 0, probabilities in [0, 1],
+        initial conditions >= 0, populations > 0) the concrete constrained
+        `values` (`constrain(params)` at a fitted point) break, as sentences: the
+        model file's checks, those reading a time-varying parameter on each day
+        of `daily` (`daily_values(params)`; skipped without it), not those
+        reading covariates. Cost: one NumPy evaluation per check."""
         skip = set(self.time_varying_parameters)
         values = {k: v for k, v in values.items() if k not in skip}
-        return range_violations(self.spec.range_checks, values)
+        return range_violations(self.spec.range_checks, values, daily)
 
     def unconstrain(self, values: Mapping[str, Any]) -> Params:
         """Inverse of [`constrain`][]; derived quantities in `values` are ignored.

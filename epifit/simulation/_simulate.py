@@ -87,7 +87,8 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
         raise DataError(f"{where}: {e}") from None
     out = {**params, **{k: new[k] for k in known}}
     # a rate or probability that these values take out of its range
-    if broken := problem.model.range_violations(problem.model.constrain(out)):
+    model = problem.model
+    if broken := model.range_violations(model.constrain(out), model.daily_values(out)):
         raise DataError(f"{where}: these values break the model: {broken[0]}")
     return out
 
