@@ -429,7 +429,7 @@ def test_a_weekly_random_walk_recovers_a_piecewise_beta(tmp_path):
 
 
 def test_a_scenario_sets_or_scales_a_time_varying_parameter():
-    from epifit.forecasting import Change, Scenario, ScenarioError, forecast
+    from epifit.forecasting import Change, Scenario, forecast
 
     days, extra = 28, 14
     problem = Problem(load(with_beta(per_time=7)), dataset(days))
@@ -460,8 +460,45 @@ def test_a_scenario_sets_or_scales_a_time_varying_parameter():
     for name, pieces in want.items():
         got = fc["estimate_cases"].sel(scenario=name).values[1:, 0]
         np.testing.assert_allclose(got, expected(np.array(pieces)), rtol=1e-6)
-    spline = load(with_beta(per_time={"kind": "spline", "knots": 5}))
-    problem = Problem(spline, dataset(days))
-    half = Scenario("half", (Change(parameter="beta", scale=0.5, start=days),))
-    with pytest.raises(ScenarioError, match="varies as a spline"):
-        forecast(problem, params=problem.init_params(), scenarios=[half], days=7)
+
+
+@pytest.mark.parametrize(
+    "per_time, start, end",
+    [
+        ({"kind": "spline", "knots": 6}, 20, 35),  # from inside the fitted days
+        ({"kind": "periodic", "period": 10.0, "harmonics": 2}, 30, 42),
+    ],
+)
+def test_a_scale_multiplies_the_daily_values_of_a_spline_or_fourier_series(
+    per_time, start, end
+):
+    """`scale` on a spline or a Fourier series multiplies its value on each
+    day of the window, whatever its shape there: the forecast equals a solve
+    of the same model with beta a daily covariate scaled on those days."""
+    from epifit.forecasting import Change, Scenario, forecast
+
+    days, extra = 28, 14
+    problem = Problem(load(with_beta(per_time=per_time)), dataset(days))
+    params = problem.init_params()
+    k = params["beta"].shape[0]
+    params["beta"] = params["beta"] + jnp.asarray(np.linspace(-0.5, 0.5, k))
+    change = Change(parameter="beta", scale=0.5, start=start, end=end)
+    fc = forecast(
+        problem, [Scenario("half", (change,))], params=params, samples=0,
+        days=extra, rtol=1e-10, atol=1e-10,
+    )  # fmt: skip
+    beta = np.asarray(problem.model.daily_values(params, days + extra)["beta"])
+    assert np.ptp(beta[start:end]) > 0.05  # the shape inside the window matters
+    day = np.arange(days + extra)
+    scaled = beta * np.where((day >= start) & (day < end), 0.5, 1.0)
+    ref = copy.deepcopy(SEIR)
+    del ref["parameters"]["beta"]
+    ref["covariates"] = {"beta": {"dims": ["time"], "rule": "floor"}}
+    for name, b in (("baseline", beta), ("half", scaled)):
+        ds = dataset(days + extra)
+        ds["beta"] = ("time", b)
+        longer = Problem(load(ref), ds)
+        p = {k: v for k, v in params.items() if k != "beta"}
+        mu = np.asarray(longer.predict(p, longer.solve(p, TIGHT).ys)["cases"])[:, 0]
+        got = fc["estimate_cases"].sel(scenario=name).values[1:, 0]
+        np.testing.assert_allclose(got, mu, rtol=1e-6)

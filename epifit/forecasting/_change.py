@@ -250,12 +250,6 @@ class ParameterChange(AbstractChange):
                 f"{self._not_a_parameter(ctx)}; the model's parameters: {join(params)}",
             )
         p = params[name]
-        if p.per_time is not None and p.per_time.kind != "pieces" and self.scale:
-            raise ctx.fail(
-                f"{loc}.scale",
-                f"parameter {name!r} varies as a {p.per_time.kind}, whose scaled "
-                "daily values no coefficients give; set its value instead",
-            )
         est = np.asarray(ctx.values[name], np.float64)
         if self.patches is not None and not p.per_patch:
             raise ctx.fail(
