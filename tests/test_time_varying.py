@@ -312,7 +312,8 @@ def test_gradients_of_the_pieces_agree_with_fd_and_across_adjoints():
     free = FreeParameters(problem, params)
     x = free.x0
     grads = {}
-    for adjoint in ("checkpoint", "forward", "backsolve", "interpolating"):
+    adjoints = ("checkpoint", "forward", "backsolve", "interpolating", "quadrature")
+    for adjoint in adjoints:
         settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
         objective = Objective(problem, free, settings)
         data_ = objective.data()
