@@ -200,3 +200,22 @@ def test_a_series_named_like_a_forecast_variable_is_refused():
         r"also writes; rename it in the model's \[derived\]\.$",
     ):
         forecast(problem, days=7, samples=0)
+
+
+def test_a_series_of_a_stratified_model_reads_each_cells_values():
+    """Per-region and per-age parameters and a `(patch, age)` covariate on
+    the cells (it failed on their shapes before)."""
+    from test_cookbook import age_region_dataset
+
+    text = (REPO / "models" / "seir_age_region.toml").read_text()
+    text = text.replace(
+        "[covariates]",
+        '[derived]\nrisk = "q * susceptibility * I / population"\n\n[covariates]',
+        1,
+    )
+    ds = age_region_dataset()
+    out = epifit.simulate(loads_model(text, path="ar.toml"), ds)
+    assert out["risk"].dims == ("time", "patch", "age")
+    susceptibility = np.array([0.8, 1.0, 1.2])  # the model file's, per age
+    want = 0.05 * susceptibility * out["I"].values / ds["population"].values
+    np.testing.assert_allclose(out["risk"].values, want, rtol=1e-12)
