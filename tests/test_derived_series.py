@@ -202,6 +202,20 @@ def test_a_series_named_like_a_forecast_variable_is_refused():
         forecast(problem, days=7, samples=0)
 
 
+@pytest.mark.parametrize("name", ["state", "R_eff", "predicted_cases", "cases_total"])
+def test_a_series_named_like_an_output_variable_is_refused_at_load(name):
+    """simulate and FIT.nc would write the series over their own variable."""
+    bad = TEXT.replace('R0 = "beta / gamma"', f'R0 = "beta / gamma"\n{name} = "I / N"')
+    with pytest.raises(
+        ModelSpecError,
+        match=rf"^b\.toml: derived\.{name}: derived series '{name}' would be "
+        "written over the output variable of that name",
+    ):
+        loads_model(bad, path="b.toml")
+    fine = TEXT.replace('R0 = "beta / gamma"', 'R0 = "beta / gamma"\nstate_x = "I / N"')
+    assert "state_x" in [d.name for d in loads_model(fine, path="b.toml").series]
+
+
 def test_a_series_of_a_stratified_model_reads_each_cells_values():
     """Per-region and per-age parameters and a `(patch, age)` covariate on
     the cells (it failed on their shapes before)."""
