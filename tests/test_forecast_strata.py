@@ -249,6 +249,38 @@ def test_a_change_of_the_travel_matrix_equals_a_solve_on_changed_data(data):
     assert np.all(got[CHANGE_DAY + 1 :, 0] > 0.0)
 
 
+def test_a_covariate_change_in_a_region_reaches_all_its_age_groups(data):
+    text = open(REGION).read()
+    for old, new in [
+        (
+            'transmission = "q * susceptibility"',
+            'transmission = "q * susceptibility * w"',
+        ),
+        (
+            "[covariates]\n",
+            '[covariates]\nw = { dims = ["time", "patch"], rule = "floor" }\n',
+        ),
+    ]:
+        assert old in text
+        text = text.replace(old, new)
+    spec = loads_model(text, name="weighted_transmission")
+    problem = Problem(spec, data.assign(w=(("time", "patch"), np.ones((N_FIT, 2)))))
+    assert problem.covariates["w"].shape == (N_FIT, 6)  # on the cells
+    stop = Scenario(
+        "stop_r0",
+        [Change(covariate="w", scale=0.0, start=CHANGE_DAY, patches=["r0"])],
+    )
+    fc = forecast(
+        problem, [stop], params=problem.init_params(), samples=0, days=DAYS, **FIXED
+    )
+    base = _estimate(fc, "cases_by_age").values
+    new = _estimate(fc, "cases_by_age", "stop_r0").values
+    np.testing.assert_array_equal(new[:, 1], base[:, 1])  # r1 as it was
+    np.testing.assert_array_equal(new[: CHANGE_DAY + 1], base[: CHANGE_DAY + 1])
+    assert np.all(new[CHANGE_DAY + 1 :, 0] == 0.0)  # no age group of r0 infected
+    assert np.all(base[CHANGE_DAY + 1 :, 0] > 0.0)
+
+
 def test_a_contact_matrix_of_kron_has_no_patches_to_select(data):
     text = _time_varying(open(AGE_TRAVEL).read(), "contacts", '"age", "age_to"')
     spec = loads_model(text, name="contacts_by_day")

@@ -11,7 +11,7 @@ import xarray as xr
 
 from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
 from epifit.fitting import library_versions
-from epifit.forecasting._strata import strata_coords, unstack_cells
+from epifit.forecasting._strata import forecast_on_cells
 
 __all__ = ["KIND", "STATISTICS", "forecast_dataset", "forecast_summary"]
 
@@ -123,8 +123,7 @@ def forecast_dataset(
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         **{f"version_{k}": v for k, v in library_versions().items()},
     }
-    coords |= strata_coords(problem)  # series per cell: (.., patch, stratum)
-    return xr.Dataset(unstack_cells(problem, data_vars), coords, full_attrs)
+    return forecast_on_cells(problem, data_vars, coords, full_attrs)
 
 
 def _level_vars(s: str, per_scenario, estimates) -> dict[str, Any]:

@@ -14,16 +14,21 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import xarray as xr
 
 from epifit.data import PATCH
 
-__all__ = ["strata_coords", "unstack_cells"]
+__all__ = ["forecast_on_cells", "unstack_cells"]
 
 
-def strata_coords(problem) -> dict[str, list[str]]:
-    """`{STRATUM: labels}` for a stratified problem, else `{}`."""
+def forecast_on_cells(problem, data_vars, coords, attrs) -> xr.Dataset:
+    """The forecast Dataset of `data_vars`, `coords` and `attrs`; with
+    `[strata]` its series per cell on `(patch, STRATUM)` (`unstack_cells`)
+    and the stratum labels a coordinate."""
     strata = problem.spec.strata
-    return {} if strata is None else {strata.name: list(strata.labels)}
+    if strata is not None:
+        coords = {**coords, strata.name: list(strata.labels)}
+    return xr.Dataset(unstack_cells(problem, data_vars), coords, attrs)
 
 
 def unstack_cells(problem, data_vars: dict[str, tuple]) -> dict[str, tuple]:
