@@ -99,7 +99,8 @@ class EnsembleConfig:
 
     Attributes:
         model: the compiled model.
-        n_patches, n_days: sizes; the solve saves days `0 .. n_days - 1`.
+        n_patches, n_days: sizes (the cells of a model with `[strata]`); the
+            solve saves days `0 .. n_days - 1`.
         interval_of_day: the parameter interval of each day.
         parameters: the parameters scenarios change.
         transmission: whether scenarios change transmission.
@@ -313,8 +314,8 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
         periods = {o.name: o.period for o in model.spec.observations}
         for name in cfg.observations:
             s = period_sums(_select(cfg, [pr[name] for pr in preds]), periods[name])
-            if s.shape[0] == T - 1:
-                s = jnp.concatenate([jnp.full((1, n), jnp.nan, s.dtype), s])
+            if s.shape[0] == T - 1:  # (time, patch), or per cell with strata
+                s = jnp.concatenate([jnp.full((1, s.shape[1]), jnp.nan, s.dtype), s])
             out[name] = s
     for c in cfg.compartments:
         out[c] = sol.ys[c].sum(axis=1)

@@ -25,7 +25,7 @@ from epifit.forecasting._ensemble import (
     iter_ensemble,
     param_template,
 )
-from epifit.forecasting._horizon import Horizon, check_forecastable
+from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._reported import check_reported
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
@@ -245,7 +245,7 @@ def prepare_forecast(
             "scenario file."
         )
     q = _check_numbers(days, samples, seed, quantiles)
-    model = check_forecastable(problem.model)
+    model = problem.model
     observations = tuple(o.name for o in model.spec.observations)
     compartments = check_reported(model, tuple(compartments), observations)
     n_series = len(observations + compartments + tuple(model.spec.series))
@@ -261,7 +261,7 @@ def prepare_forecast(
     sha = file_sha256(sset.source) if sset.source else None
     cfg = EnsembleConfig(
         model=model,
-        n_patches=problem.n_patches,
+        n_patches=problem.n_cells,
         n_days=horizon.n_days,
         interval_of_day=tuple(int(v) for v in bound.interval_of_day),
         parameters=bound.parameters,
@@ -318,7 +318,7 @@ def _horizon(problem: Problem, days: int, samples: int, n_series: int) -> Horizo
     horizon = Horizon(n_fit=n_fit, n_days=n_fit + int(days), first_date=first)
     if horizon.n_days < 2:
         raise ValueError("A forecast needs at least 2 days in all; give days >= 1.")
-    k, p = 1 + int(samples), problem.n_patches
+    k, p = 1 + int(samples), problem.n_cells
     state = sum(problem.model.stages.values()) * p
     check_memory(
         8.0 * horizon.n_days * (2 * k * n_series * p + 3 * state),
@@ -457,7 +457,9 @@ def forecast(
         `estimate_d (scenario, time, patch)`, at each scenario's parameters
         and covariates (no statistics, no sum over patches); and provenance
         attributes (`epifit_kind = "forecast"`, fit file and hash, seed,
-        versions, the scenarios as JSON). Incidence has no value on day 0.
+        versions, the scenarios as JSON). Incidence has no value on day 0. A
+        series per cell of a model with `[strata]` has `(patch, STRATUM)` in
+        place of `patch`.
 
     Raises:
         ScenarioError: a scenario that does not fit the model, data or horizon.

@@ -11,6 +11,7 @@ import xarray as xr
 
 from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
 from epifit.fitting import library_versions
+from epifit.forecasting._strata import forecast_on_cells
 
 __all__ = ["KIND", "STATISTICS", "forecast_dataset", "forecast_summary"]
 
@@ -117,7 +118,7 @@ def forecast_dataset(
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         **{f"version_{k}": v for k, v in library_versions().items()},
     }
-    return xr.Dataset(data_vars, coords=coords, attrs=full_attrs)
+    return forecast_on_cells(problem, data_vars, coords, full_attrs)
 
 
 def _observed_vars(problem, n_days: int) -> dict[str, Any]:

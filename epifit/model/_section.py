@@ -34,7 +34,8 @@ class SectionContext:
             time_varying)`.
         used: the names some expression or reference has read.
         stages: compartment -> number of stages (from `[[compartments]]`).
-        covariate_dims: covariate -> dims (from `[covariates]`).
+        covariate_dims: covariate -> dims (from `[covariates]`; on the cells
+            with `[strata]`), covariate_data_dims: the dims the data give.
         coupling_names: the declared couplings (from `[couplings]`).
         constants: name -> value of the fixed parameters and of the derived
             quantities of them: what is known before any fit.
@@ -57,6 +58,7 @@ class SectionContext:
         self.symbols: dict[str, tuple[str, bool, bool]] = {}
         self.stages: dict[str, int] = {}
         self.covariate_dims: dict[str, tuple[str, ...]] = {}
+        self.covariate_data_dims: dict[str, tuple[str, ...]] = {}
         self.strata = None  # the StrataSpec of `[strata]`, if any
         self.coupling_names: list[str] = []
         self.constants: dict[str, np.ndarray] = {}

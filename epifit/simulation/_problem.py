@@ -20,7 +20,13 @@ from epifit.data import (
     open_dataset,
     validate_dataset,
 )
-from epifit.model import ModelSpec, SparseCoupling, as_model, sparse_coupling
+from epifit.model import (
+    ModelSpec,
+    SparseCoupling,
+    as_model,
+    kron_operands,
+    sparse_coupling,
+)
 from epifit.ode import Solution
 from epifit.simulation._run import ModelRun
 from epifit.simulation._settings import SolverSettings
@@ -143,6 +149,7 @@ class Problem:
             cell_covariates(spec, bound.covariates, self.n_patches),
             {c.name: c.dims for c in spec.covariates},
             self.dtype,
+            dense=kron_operands(spec),
         )
         self.initial_data = _initial_arrays(ds, initial_vars, self.dtype, self)
         self.stamps = _stamps(spec, ds, bound, self.ts.size, self.data_path)
@@ -361,12 +368,13 @@ def _time_axis(ds: xr.Dataset, bound, days: int | None):
     return ts, dates
 
 
-def _covariate_arrays(values: Mapping[str, Any], dims, dt) -> dict[str, Any]:
+def _covariate_arrays(values: Mapping[str, Any], dims, dt, dense=()) -> dict:
     """The covariates as arrays of `dt`; mobility matrices `(..., patch_to)`
-    stored by rows when sparse (see `SparseCoupling`)."""
+    stored by rows when sparse (see `SparseCoupling`), except the contact
+    matrices over strata of `kron(M, C)` couplings (`dense[k] == "stratum"`)."""
     covariates = {}
     for k, v in values.items():
-        if dims[k][-1:] == ("patch_to",):
+        if dims[k][-1:] == ("patch_to",) and dense.get(k) != "stratum":
             covariates[k] = sparse_coupling(v.astype(dt))
             if not isinstance(covariates[k], SparseCoupling):
                 covariates[k] = jnp.asarray(v, dt)
