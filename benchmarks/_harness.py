@@ -3,7 +3,8 @@
 Each measurement runs in its own Python process (a *worker*), so that peak RSS,
 compile caches and memory belong to one configuration alone. The reference
 problem and the peers' losses are defined here, in `benchmarks/reference/`
-(`problem.py`, `peers.py`; see its README); epifit itself never imports them.
+(`problem.py`, `peers.py`; see `benchmarks/README.md`); epifit itself never
+imports them.
 """
 
 from __future__ import annotations
