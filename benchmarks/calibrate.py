@@ -267,7 +267,7 @@ def report(records: list[dict], summaries: dict) -> None:
         line = f"\n{dtype}: target {s['target_loss']:.6g} ({s['target']})"
         if "speedup" in s:
             line += (
-                f"; epifit reaches it {s['speedup']:.1f}x faster than diffrax "
+                f"; diffrax's time to it over epifit's: {s['speedup']:.1f}x "
                 f"({s['speedup_total']:.1f}x counting compilation)"
             )
         if "below_target_speedup_at_least" in s:
