@@ -18,8 +18,14 @@ from adjoint_cases import finite_differences, rel_error
 from scipy.integrate import solve_ivp
 
 from epifit.fitting import FreeParameters, Objective
-from epifit.model import ModelBuilder, ModelSpecError, compile_model, loads_model
-from epifit.ode import PIDController, PiecewiseConstant, solve
+from epifit.model import (
+    ModelBuilder,
+    ModelSpecError,
+    break_days,
+    compile_model,
+    loads_model,
+)
+from epifit.ode import PIDController, solve
 from epifit.simulation import Problem, SolverSettings
 
 TIGHT = SolverSettings(rtol=1e-10, atol=1e-10)
@@ -322,32 +328,12 @@ def school_term(days: int) -> np.ndarray:
     return np.where(term, 1.0, -1.0)
 
 
-def test_seasonal_forcing_by_a_term_covariate_over_20_years():
-    """The transmission `beta * (1 + b1 * term)` of a daily covariate: the
-    solve agrees with `solve_ivp` run piece by piece between the term's
-    changes. Measured (2 cores, float64, rtol 1e-8): 7299 segments (one a
-    day: the segment grid follows the covariate's day grid, not its
-    changes), about 27 ms a solve after a 1.2 s compilation; solved on the
-    120 change days only (the inputs merged by hand), 133 segments, 4 ms."""
-    days = 20 * 365
-    term = school_term(days)
-    model = model_of(SEIR_FORCED)
-    time_axis = pd.date_range("2000-01-01", periods=days)
-    problem = Problem(model, xr.Dataset({"term": ("time", term)}, {"time": time_axis}))
-    params = problem.init_params()
-    settings = SolverSettings(rtol=1e-8, atol=1e-6)
-    run = jax.jit(lambda p, a: problem.solve(p, settings, arrays=a))
-    sol = run(params, problem.arrays)
-    start = time.perf_counter()
-    sol = jax.block_until_ready(run(params, problem.arrays))
-    elapsed = time.perf_counter() - start
-    assert int(sol.stats["num_segments"]) == days - 1
-    assert elapsed < 2.0  # measured 27 ms
-    states = {c: np.asarray(sol.ys[c][:, 0, 0]) for c in "SEIR"}
-    np.testing.assert_allclose(sum(states.values()), 1e6, rtol=1e-10)
-    infectious = states["I"]
-    # the reference: constant term between changes, one solve_ivp per piece
+def term_reference(term: np.ndarray) -> dict[int, float]:
+    """`I` of SEIR_FORCED on the days `d % 365 == 0` before the last day, by
+    `solve_ivp` (DOP853, rtol 1e-11) run piece by piece between the term's
+    changes (the term constant on each piece)."""
     beta, b1, sigma, gamma, N = 3.0, 0.2, 0.125, 0.2, 1e6
+    days = term.size
     changes = np.concatenate([[0], np.nonzero(np.diff(term))[0] + 1, [days - 1]])
     y = [0.07 * N, 400.0, 250.0, 0.93 * N - 650.0]
     yearly = {}
@@ -370,6 +356,44 @@ def test_seasonal_forcing_by_a_term_covariate_over_20_years():
         )
         yearly |= {d: piece.y[2, k] for k, d in enumerate(at[:-1])}
         y = piece.y[:, -1]
+    return yearly
+
+
+def term_problem(days: int, term: np.ndarray | None = None) -> Problem:
+    """SEIR_FORCED bound to a daily `term` covariate (default `school_term`)."""
+    term = school_term(days) if term is None else term
+    time_axis = pd.date_range("2000-01-01", periods=days)
+    data = xr.Dataset({"term": ("time", term)}, {"time": time_axis})
+    return Problem(model_of(SEIR_FORCED), data)
+
+
+def test_seasonal_forcing_by_a_term_covariate_over_20_years():
+    """The transmission `beta * (1 + b1 * term)` of a daily covariate: the
+    solve agrees with `solve_ivp` run piece by piece between the term's
+    changes. `Problem` merges the per-day inputs onto the term's 120
+    changes (`Problem.breaks`), so with daily saves (7299 segments, each
+    save a segment end) the solver restarts on 120 days only and hands its
+    last stage on elsewhere. Measured (2 cores, float64, rtol 1e-8): 8372
+    steps, 51079 right-hand sides, 16 ms a solve; 58257 right-hand sides
+    and 35 ms on the daily grid (`Problem.breaks = None`, a restart every
+    day), the same states."""
+    days = 20 * 365
+    term = school_term(days)
+    problem = term_problem(days, term)
+    params = problem.init_params()
+    settings = SolverSettings(rtol=1e-8, atol=1e-6)
+    run = jax.jit(lambda p, a: problem.solve(p, settings, arrays=a))
+    sol = run(params, problem.arrays)
+    start = time.perf_counter()
+    sol = jax.block_until_ready(run(params, problem.arrays))
+    elapsed = time.perf_counter() - start
+    assert int(sol.stats["num_segments"]) == days - 1
+    assert int(sol.stats["num_input_changes"]) == np.count_nonzero(np.diff(term))
+    assert elapsed < 2.0  # measured 16 ms
+    states = {c: np.asarray(sol.ys[c][:, 0, 0]) for c in "SEIR"}
+    np.testing.assert_allclose(sum(states.values()), 1e6, rtol=1e-10)
+    infectious = states["I"]
+    yearly = term_reference(term)
     days_saved = np.asarray(sorted(yearly))
     want = np.asarray([yearly[d] for d in days_saved])
     np.testing.assert_allclose(infectious[days_saved], want, rtol=1e-5)
@@ -377,26 +401,27 @@ def test_seasonal_forcing_by_a_term_covariate_over_20_years():
 
 
 def test_merged_term_days_give_the_same_solve_in_fewer_segments():
-    """What merging equal consecutive days would buy: the ODE core solved
-    with breaks on the term's changes only (a `PiecewiseConstant` over those
-    days) equals the daily grid's solve, in 133 segments instead of 6935
-    (saves once a year)."""
+    """Saved once a year, the ODE core's solve of the inputs merged onto the
+    term's changes (`precompute(..., breaks=break_days(...))`) has 133
+    segments instead of 7299 (the daily grid) and equals the daily grid's
+    solve."""
     days = 20 * 365
     term = school_term(days)
     model = model_of(SEIR_FORCED)
+    covariates = {"term": jnp.asarray(term)}
     ts = np.arange(0.0, days, 365.0)
-    run, (y0, args, inputs) = ode_solve(
-        model, ts, {"term": jnp.asarray(term)}, rtol=1e-8
-    )
+    run, (y0, args, inputs) = ode_solve(model, ts, covariates, rtol=1e-8)
     daily = run(y0, args, inputs)
-    keep = np.concatenate([[0], np.nonzero(np.diff(term))[0] + 1])
-    merged = PiecewiseConstant(
-        keep.astype(float), {k: v[keep] for k, v in inputs.values.items()}
-    )
+    changes = np.concatenate([[0], np.nonzero(np.diff(term))[0] + 1])
+    breaks = break_days(model, covariates, days)
+    assert breaks == tuple(changes)
+    _, merged = model.precompute(model.init_params(1), covariates, 1, breaks=breaks)
+    assert merged.times == tuple(changes.astype(float))
     fewer = run(y0, args, merged)
     assert int(daily.stats["num_segments"]) == ts[-1]
-    bounds = np.union1d(ts, keep[keep < ts[-1]])
+    bounds = np.union1d(ts, changes[changes < ts[-1]])
     assert int(fewer.stats["num_segments"]) == bounds.size - 1 == 133
+    # a different grid: the same solution within the solver's tolerance
     np.testing.assert_allclose(fewer.ys["I"], daily.ys["I"], rtol=1e-6)
 
 

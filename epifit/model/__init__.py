@@ -3,6 +3,7 @@
 See `docs/models.md` for the TOML format.
 """
 
+from epifit.model._breaks import break_days as break_days
 from epifit.model._builders import ModelBuilder as ModelBuilder
 from epifit.model._compiled import CompiledModel as CompiledModel
 from epifit.model._compiled import as_model as as_model

@@ -9,7 +9,6 @@ initial state (`_initial`) and the observed series (`_observation`).
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -41,7 +40,7 @@ from epifit.model._precompute import args_and_inputs, covariate_arrays, day_rule
 from epifit.model._section import range_violations
 from epifit.model._spec import CovariateSpec, ModelSpec, ObservationSpec
 from epifit.model._strata import cell_value, stratum_shape, sum_strata
-from epifit.model._transform import constrain, default_bounds, unconstrain, value_error
+from epifit.model._transform import check_range, constrain, unconstrain
 from epifit.model._vector_field import right_hand_side
 from epifit.ode import PiecewiseConstant
 
@@ -314,33 +313,17 @@ class CompiledModel(eqx.Module):
 
     def _unconstrain(self, p, value: Any) -> Array:
         if p.per_time is None:
-            self._check_range(p, value)
+            check_range(p, self.spec.path, value)
             return unconstrain(p.transform, value, *p.bounds)
         full = jnp.ndim(value) == 1 + int(p.per_patch)
         if not full:
-            self._check_range(p, value)
+            check_range(p, self.spec.path, value)
             x = unconstrain(p.transform, value, *p.bounds)
             return self._constant_coefficients(p, x)
         if not isinstance(value, jax.core.Tracer):
             levels = level_mask(p.per_time, np.shape(value)[0])
-            self._check_range(p, np.asarray(value, np.float64)[levels])
+            check_range(p, self.spec.path, np.asarray(value, np.float64)[levels])
         return unconstrain_coefficients(p, value)
-
-    def _check_range(self, p, value: Any) -> None:
-        if isinstance(value, jax.core.Tracer):
-            return
-        lo, hi = p.bounds
-        if (lo, hi) == (-math.inf, math.inf):
-            lo, hi = default_bounds(p.transform)
-        for v in np.ravel(np.asarray(value, dtype=np.float64)):
-            if np.isnan(v):  # NaN is left to the solve, which reports it
-                continue
-            if why := value_error(p.transform, float(v), lo, hi):
-                where = f" (model {self.spec.path})" if self.spec.path else ""
-                raise ValueError(
-                    f"parameter {p.name!r} = {float(v):g} is out of its range: "
-                    f"{why}{where}; give a value inside the range"
-                )
 
     def free_mask(self, params: Params) -> PyTree[bool]:
         """Bools for `eqx.partition`: False for fixed parameters and for the
@@ -363,6 +346,7 @@ class CompiledModel(eqx.Module):
         n_patches: int | None = None,
         n_days: int | None = None,
         scale: Mapping[str, ArrayLike] | None = None,
+        breaks=None,
     ) -> tuple[Args, PiecewiseConstant | None]:
         """Everything that depends only on (parameters, day), once per solve.
 
@@ -374,10 +358,10 @@ class CompiledModel(eqx.Module):
         Returns:
             `(args, inputs)`: `args` a dict of static rates, scales and matrices;
             `inputs` a `PiecewiseConstant` over the day grid (times
-            `arange(n_days)` for the `floor` rule, minus 1/2 for `nearest`)
-            holding per-day rates (e.g. an MLP's transmission rate `(time,
-            patch)`) and raw coupling matrices, or `None` without time-varying
-            covariates.
+            `arange(n_days)` for the `floor` rule, minus 1/2 for `nearest`;
+            the `breaks` days where given) holding per-day rates (e.g. an
+            MLP's transmission rate `(time, patch)`) and raw coupling
+            matrices, or `None` without time-varying covariates.
 
         With `n_patches`, scalar rates in `args` are broadcast to `(patch,)`
         here, once, so the reverse pass of a solver step forms no reduction
@@ -387,7 +371,15 @@ class CompiledModel(eqx.Module):
         Time-varying parameters (`per_time`) are evaluated on every day
         (`daily_values`, times their `scale`) into `inputs`, over `n_days`
         days (the days solved; default the covariates' days, else the bound
-        days) whose grid is the covariates' (else the `floor` rule).
+        days) whose grid is the covariates' (the `floor` rule without
+        time-varying covariates).
+
+        `breaks` (concrete days from 0, e.g. `epifit.model.break_days` of
+        the concrete covariates) evaluates the per-day inputs on those days
+        only, each holding until the next, so the solver restarts only
+        there; a covariate read that changes on another day raises a
+        `ValueError` at run time, and differentiating with respect to the
+        covariates gives each merged day's cotangent to its break day.
         """
         values = self.cell_values(params)
         arrays, _, n_cov = covariate_arrays(self.spec, params, covariates or {})
@@ -396,7 +388,15 @@ class CompiledModel(eqx.Module):
             n_cov = max(n_cov or 0, n_days or 0) or self._horizon()
             daily = self._on_cells(self.daily_values(params, n_cov, scale))
         return args_and_inputs(
-            self.spec, self.plan, values, arrays, n_cov, n_patches, daily
+            self.spec,
+            self.plan,
+            values,
+            arrays,
+            n_cov,
+            n_patches,
+            daily,
+            breaks,
+            self.days,
         )
 
     # -- the right-hand side --------------------------------------------------------

@@ -23,6 +23,7 @@ from jaxtyping import Array, ArrayLike
 from epifit._custom_types import Args
 from epifit._schema import FEATURE, PATCH, PATCH_TO, TIME
 from epifit._toml import join
+from epifit.model._breaks import on_breaks
 from epifit.model._coupling import SparseCoupling
 from epifit.model._errors import ModelSpecError
 from epifit.model._neural import neural_rates
@@ -128,22 +129,31 @@ def args_and_inputs(
     n_days: int | None,
     n_patches: int | None,
     daily: Mapping[str, Array] | None = None,
+    breaks=None,
+    horizon: int | None = None,
 ) -> tuple[Args, PiecewiseConstant | None]:
     """`(args, inputs)` of [`CompiledModel.precompute`][epifit.model.CompiledModel]
     from the constrained `values`, the checked covariate `arrays` and the
     daily values of the time-varying parameters (`daily`, `(day[, patch])`
     over `n_days` days; time-varying covariates with fewer days carry their
-    last day forward to `n_days`)."""
+    last day forward to `n_days`). With `breaks` (concrete days), the
+    per-day inputs are evaluated on those days only and hold until the next
+    (`_breaks.on_breaks`, which checks that nothing read changes between)."""
     static_env = dict(values)
-    day_env: dict[str, Array] = dict(daily or {})
     if daily:
         arrays = _carry_days(spec, arrays, n_days)
+    grid = None if n_days is None else np.arange(n_days)
+    if breaks is not None and n_days is not None:
+        arrays, daily, grid = on_breaks(
+            spec, plan, arrays, daily, breaks, n_days, horizon
+        )
+    day_env: dict[str, Array] = dict(daily or {})
     for c in spec.covariates:
         if c.dims == (PATCH,):
             static_env[c.name] = arrays[c.name]
         elif c.dims in ((TIME,), (TIME, PATCH)):
             day_env[c.name] = arrays[c.name]
-    days = jnp.arange(n_days) if n_days is not None else None
+    days = None if grid is None else jnp.asarray(grid)
     for n in spec.neural:
         day_env[n.name] = neural_rates(n, values[n.name], arrays[n.covariate], days)
     args: dict[str, Array] = {}
@@ -179,7 +189,7 @@ def args_and_inputs(
                 daily[c.contacts_key] = arrays[c.contacts]
     if not per_day:
         return args, None
-    times = np.arange(n_days, dtype=np.float64)
+    times = grid.astype(np.float64)
     if day_rule(spec) == "nearest":
         times = times - 0.5
     return args, PiecewiseConstant(times, per_day)

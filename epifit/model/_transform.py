@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, ArrayLike
 
-__all__ = ["TRANSFORMS", "constrain", "default_bounds", "unconstrain", "value_error"]
+__all__ = [
+    "TRANSFORMS",
+    "check_range",
+    "constrain",
+    "default_bounds",
+    "unconstrain",
+    "value_error",
+]
 
 TRANSFORMS = ("identity", "exp", "softplus", "sigmoid")
 
@@ -52,6 +61,26 @@ def value_error(transform: str, value: float, lo: float, hi: float) -> str | Non
             f"transform {transform!r}"
         )
     return None
+
+
+def check_range(p, path: str | None, value: Any) -> None:
+    """Raise a `ValueError` where a concrete `value` of parameter `p` (a
+    `ParameterSpec`; traced values are not checked, NaN is left to the
+    solve) lies outside its range, naming the parameter and the model file."""
+    if isinstance(value, jax.core.Tracer):
+        return
+    lo, hi = p.bounds
+    if (lo, hi) == (-math.inf, math.inf):
+        lo, hi = default_bounds(p.transform)
+    for v in np.ravel(np.asarray(value, dtype=np.float64)):
+        if np.isnan(v):  # NaN is left to the solve, which reports it
+            continue
+        if why := value_error(p.transform, float(v), lo, hi):
+            where = f" (model {path})" if path else ""
+            raise ValueError(
+                f"parameter {p.name!r} = {float(v):g} is out of its range: "
+                f"{why}{where}; give a value inside the range"
+            )
 
 
 def constrain(transform: str, x: ArrayLike, lo: float, hi: float) -> Array:

@@ -14,7 +14,10 @@ class Solution(eqx.Module):
         ys: the state at each save time: the state pytree with a leading `time`
             axis on every leaf. Saved states are segment ends, never interpolated.
         stats: `num_accepted_steps`, `num_rejected_steps`, `num_rhs_evals`
-            (vector-field evaluations), `num_segments`.
+            (vector-field evaluations), `num_segments`, `num_input_changes`
+            (the segment boundaries where the inputs change: the solver
+            restarts there; elsewhere an adaptive first-same-as-last method
+            hands its last stage on).
         result: 0 on success, else an [`epifit.ode.Result`][] code.
         failed_segment: the segment where the solve failed (0 on success).
         failed_t: the time at which it failed.

@@ -134,6 +134,7 @@ def _solution_stats(stats, grid):
         "num_rejected_steps": stats.n_rejected,
         "num_rhs_evals": stats.n_evals,
         "num_segments": grid.input_index.size,
+        "num_input_changes": int(np.count_nonzero(np.diff(grid.input_index))),
     }
 
 

@@ -25,6 +25,7 @@ from epifit.model import (
     SparseCoupling,
     as_model,
     kron_operands,
+    break_days,
     sparse_coupling,
 )
 from epifit.ode import Solution
@@ -67,6 +68,11 @@ class Problem:
     Attributes:
         model, dataset, ts (`(time,)` float days), patches (labels),
         covariates, initial_data, observed, mask, n_patches, dates.
+        breaks: the days on which the model's per-day inputs can change with
+            these covariates (`epifit.model.break_days`; `None` when they may
+            change every day): solves evaluate the inputs there only, and a
+            solve with covariates that change elsewhere raises. Set it to
+            `None` for the daily grid.
     """
 
     def __init__(
@@ -96,6 +102,7 @@ class Problem:
             self._bind(data, days, n_patches, subset_patches)
         # time-varying parameters: their coefficients span the solved days
         self.model = self.model.bind_days(int(self.ts.size))
+        self.breaks = break_days(self.model, self.covariates, int(self.ts.size))
 
     def _bind_nothing(self, days: int | None, n_patches: int | None) -> None:
         """A model with no covariates and no initial data, solved for `days`."""
@@ -212,7 +219,9 @@ class Problem:
         """
         settings = SolverSettings.of(settings, **overrides)
         arrays = self.arrays if arrays is None else arrays
-        run = ModelRun(self.model, self.ts, self.n_cells, self.dtype, settings)
+        run = ModelRun(
+            self.model, self.ts, self.n_cells, self.dtype, settings, breaks=self.breaks
+        )
         return run(params, arrays["covariates"], arrays["initial"], throw=throw)
 
     def predict(self, params, ys, arrays=None) -> dict[str, jnp.ndarray]:

@@ -43,6 +43,11 @@ class ModelRun:
             (the layout whose gradient is cheap, see `CompiledModel.precompute`);
             `False` keeps them scalar, as the synthetic generator's forward-only
             solve does.
+        breaks: the days on which the per-day inputs can change (concrete,
+            from 0; `epifit.model.break_days`, which `Problem` computes from
+            its covariates): `precompute` evaluates them there only and the
+            solver restarts there only. `None` (the forecast ensemble, the
+            synthetic generator) keeps the daily grid.
     """
 
     model: CompiledModel
@@ -51,6 +56,7 @@ class ModelRun:
     dtype: Any
     settings: SolverSettings = dataclasses.field(default_factory=SolverSettings)
     broadcast_rates: bool = True
+    breaks: tuple[int, ...] | None = None
 
     def initial_state(
         self,
@@ -84,7 +90,9 @@ class ModelRun:
         (`scale`: factors of time-varying parameters' daily values)."""
         n = self.n_patches if self.broadcast_rates else None
         days = int(np.floor(self.ts[-1])) + 1 if len(self.ts) else None
-        return self.model.precompute(params, covariates, n, days, scale)
+        return self.model.precompute(
+            params, covariates, n, days, scale=scale, breaks=self.breaks
+        )
 
     def integrate(
         self, y0, args, inputs: PiecewiseConstant | None, *, throw: bool = True
