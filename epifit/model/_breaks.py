@@ -254,6 +254,7 @@ def _raise_if_changed(checked: Mapping[str, Any], b: np.ndarray, path) -> None:
     if not isinstance(days, jax.core.Tracer):
         check(days)
         return
+
     # An effectful callback (never removed by dead-code elimination, and
     # transparent to differentiation, as the ODE core's failure check), in a
     # `cond`: a host round trip costs about 70 us a solve, the `cond` 30 us.

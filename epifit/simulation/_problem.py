@@ -24,8 +24,8 @@ from epifit.model import (
     ModelSpec,
     SparseCoupling,
     as_model,
-    kron_operands,
     break_days,
+    kron_operands,
     sparse_coupling,
 )
 from epifit.ode import Solution
