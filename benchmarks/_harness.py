@@ -2,9 +2,9 @@
 
 Each measurement runs in its own Python process (a *worker*), so that peak RSS,
 compile caches and memory belong to one configuration alone. The reference
-problem and the peer libraries' losses come from `../shared/bench/`
-(`seed_metapop.py`, `peers.py`): the external definitions the peers are measured
-on. epifit itself never imports them.
+problem and the peers' losses are defined here, in `benchmarks/reference/`
+(`problem.py`, `peers.py`; see `benchmarks/README.md`); epifit itself never
+imports them.
 """
 
 from __future__ import annotations
@@ -19,24 +19,20 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SHARED_BENCH = ROOT.parent / "shared" / "bench"
+BENCHMARKS = ROOT / "benchmarks"
 TESTS = ROOT / "tests"
 
 
-def require_reference():
-    """Import `seed_metapop` (and make `peers` importable) from ../shared/bench."""
-    if not (SHARED_BENCH / "seed_metapop.py").exists():
-        sys.exit(
-            f"benchmark: the reference problem is absent ({SHARED_BENCH}/"
-            "seed_metapop.py); it is the external definition the peers are "
-            "measured on."
-        )
-    for p in (str(SHARED_BENCH), str(TESTS)):
+def reference_problem():
+    """The module `reference.problem`, with `benchmarks/` (for `reference`)
+    and `tests/` (for `helpers`, which maps the reference's flat parameters
+    and covariates onto epifit's model) importable."""
+    for p in (str(BENCHMARKS), str(TESTS)):
         if p not in sys.path:
             sys.path.insert(0, p)
-    import seed_metapop
+    from reference import problem
 
-    return seed_metapop
+    return problem
 
 
 def maxrss_mb() -> float:

@@ -1,6 +1,6 @@
 """Forecast benchmark: a vectorised ensemble (vmap) against a Python loop.
 
-On the reference problem of `../shared/bench/seed_metapop.py` (default 280
+On the reference problem of `benchmarks/reference/problem.py` (default 280
 patches, `models/seird_metapop_mobility.toml`): the reference covariates and
 initial state of `--fit-days` days (default 30) are the "data"; the forecast
 runs 3 scenarios (the carry-forward baseline; mobility x 0.7 everywhere; a
@@ -52,7 +52,7 @@ N_LOCKED = 10  # patches in the lockdown scenario
 def _setup(a):
     """The problem (reference arrays as a dataset), parameters, covariance and
     scenarios."""
-    sm = h.require_reference()
+    sm = h.reference_problem()
     import jax
 
     jax.config.update("jax_enable_x64", a.dtype == "float64")
@@ -243,7 +243,6 @@ def main(argv=None) -> int:
     if a.worker:
         h.emit(worker(a))
         return 0
-    h.require_reference()
     records = []
     for path in a.paths.split(","):
         argv_w = ["--worker", path] + [

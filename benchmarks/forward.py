@@ -1,12 +1,13 @@
 """Forward benchmark: the reference loss (solve + loss) for epifit and its peers.
 
-On the reference problem of `../shared/bench/seed_metapop.py` (default 280
+On the reference problem of `benchmarks/reference/problem.py` (default 280
 patches, 120 days, rtol 1e-3, atol 1e-6, at the perturbed start `p_init`) this
 measures, for each tool in its own process: lower + compile time of the jitted
 loss, the median evaluation time, peak RSS, the bare runtime's RSS (JAX
 imported and the inputs on the device, nothing compiled) and the solver steps.
-The peers' losses are built by `peers.build_peer` from the shared runner, so
-they are exactly the configurations epifit is measured against.
+The peers' losses are built by `reference.peers.build`
+(`benchmarks/reference/peers.py`): the configurations epifit is measured
+against.
 
     python benchmarks/forward.py --dtype float32 --json out/forward.json
 
@@ -24,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import types
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -52,10 +52,12 @@ def _setup(sm, n, days, dtype):
     return P, fdt
 
 
-def epifit_loss(sm, P, fdt, n, rtol, atol, adjoint=None, solver=None):
+def epifit_loss(sm, P, fdt, n, rtol, atol, adjoint=None, solver=None, throw=True):
     """The reference loss written with epifit: args (p_flat, init, covariates, data).
 
-    `solver` defaults to Tsit5 (the peers' solver)."""
+    `solver` defaults to Tsit5 (the peers' solver). `throw=False`: a failed
+    solve gives a NaN loss (its states after the failure are NaN), as in
+    `epifit.fitting.Objective`."""
     import jax.numpy as jnp
     import numpy as np
     from helpers import params_from_flat, reference_covariates, reference_initial_data
@@ -90,6 +92,7 @@ def epifit_loss(sm, P, fdt, n, rtol, atol, adjoint=None, solver=None):
             solver=solver,
             stepsize_controller=ctrl,
             adjoint=adjoint,
+            throw=throw,
         )
 
     def loss(p, init, cov, data):
@@ -104,7 +107,7 @@ def epifit_loss(sm, P, fdt, n, rtol, atol, adjoint=None, solver=None):
 
 
 def worker(a) -> dict:
-    sm = h.require_reference()
+    sm = h.reference_problem()
     P, fdt = _setup(sm, a.n_patches, a.days, a.dtype)
     import jax
     import jax.numpy as jnp
@@ -136,33 +139,19 @@ def worker(a) -> dict:
         rec["steps"] = int(st["num_accepted_steps"]) + int(st["num_rejected_steps"])
         rec["rhs_evals"] = int(st["num_rhs_evals"])
     else:
-        import peers
+        from reference import peers
 
-        ns = types.SimpleNamespace(rtol=a.rtol, atol=a.atol, T=a.days, max_steps=4096)
         mob = jnp.asarray(P["mobility"], fdt)
         cpl = jnp.asarray(P["coupling"], fdt)
-        make_vf = lambda count, pytree=False: (  # noqa: E731
-            sm.SEIRD_mobility_coupled_tuple if pytree else sm.SEIRD_mobility_coupled
-        )
-        builder, stats_fn = peers.build_peer(
-            a.worker, ns, sm, make_vf, jax, jnp, np, mob, cpl
-        )
-        loss = builder(count=False)
-        args = (
-            jnp.asarray(P["p_init"], fdt),
-            jnp.asarray(P["u0"], fdt),
-            jnp.asarray(P["t_days"], fdt),
-            mob,
-            cpl,
-            jnp.asarray(P["data"], fdt),
-        )
+        loss, solve = peers.build(a.worker, mob, cpl, rtol=a.rtol, atol=a.atol)
+        args = peers.arguments(P, fdt)
         jax.block_until_ready(args)
-        rec["solver"] = "dopri5" if a.worker.startswith("odeint") else "tsit5"
+        rec["solver"] = peers.PEERS[a.worker].solver
         rec["base_rss_mb"] = round(h.maxrss_mb(), 1)
         rec["fwd_compile_s"], compiled = h.lower_compile(loss, *args)
         rec["fwd_s"], val, rec["repeats"] = h.median_time(compiled, args, a.repeats)
-        if stats_fn is not None:
-            st = jax.jit(stats_fn)(*args)
+        if solve is not None:
+            st = jax.jit(lambda *xs: solve(*xs[:5]).stats)(*args)
             rec["steps"] = int(st["num_steps"])
     rec["loss"] = float(val)
     rec["peak_rss_mb"] = round(h.maxrss_mb(), 1)
@@ -193,7 +182,6 @@ def main(argv=None) -> int:
     if a.worker:
         h.emit(worker(a))
         return 0
-    h.require_reference()
     records = []
     for dtype in a.dtype.split(","):
         configs = [c for t in a.tools.split(",") for c in TOOLS[t.strip()]]

@@ -7,7 +7,8 @@ reported, and closed over), each in its own process: forward compile and
 evaluation, `value_and_grad` lower + compile and evaluation, peak RSS, and the
 relative gradient error against a tight float64 reference (diffrax Tsit5,
 rtol 1e-8, atol 1e-12, steps stopped at the half-day jumps of the day index:
-the shared runner's `--peer reference`, computed once and cached in `out/`).
+the `reference` configuration of `benchmarks/reference/peers.py`, computed
+once in its own worker and cached in `out/`).
 
     python benchmarks/gradient.py --dtype float32 --json out/gradient.json
     python benchmarks/gradient.py --scaling 50,100,280,500,1000,2000 --tools epifit
@@ -23,8 +24,9 @@ out and the run says so.
 from __future__ import annotations
 
 import argparse
-import subprocess
+import os
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -64,7 +66,9 @@ def _adjoint(name):
 
 
 def worker(a) -> dict:
-    sm = h.require_reference()
+    sm = h.reference_problem()
+    if a.worker == "reference":
+        return reference_worker(sm, a)
     P, fdt = _setup(sm, a.n_patches, a.days, a.dtype)
     import jax
     import jax.numpy as jnp
@@ -113,35 +117,18 @@ def worker(a) -> dict:
             vg = jax.value_and_grad(loss)
             rec["grad_method"] = "value_and_grad"
     else:
-        import types
-
-        import peers
+        from reference import peers
 
         jit = jax.jit
-        rec["adjoint"] = (
-            "backsolve"
-            if "backsolve" in cfg or cfg.startswith("odeint")
-            else "recursive-checkpoint"
-        )
-        rec["solver"] = "dopri5" if cfg.startswith("odeint") else "tsit5"
+        peer = peers.PEERS[cfg]
+        rec["adjoint"] = peer.adjoint
+        rec["solver"] = peer.solver
         rec["default"] = False  # `default` marks epifit's default adjoint
         rec["peer_default"] = cfg in ("diffrax-tsit5", "odeint")
-        ns = types.SimpleNamespace(rtol=a.rtol, atol=a.atol, T=a.days, max_steps=4096)
         mob = jnp.asarray(P["mobility"], fdt)
         cpl = jnp.asarray(P["coupling"], fdt)
-        make_vf = lambda count, pytree=False: (  # noqa: E731
-            sm.SEIRD_mobility_coupled_tuple if pytree else sm.SEIRD_mobility_coupled
-        )
-        builder, _ = peers.build_peer(cfg, ns, sm, make_vf, jax, jnp, np, mob, cpl)
-        loss = builder(count=False)
-        args = (
-            jnp.asarray(P["p_init"], fdt),
-            jnp.asarray(P["u0"], fdt),
-            jnp.asarray(P["t_days"], fdt),
-            mob,
-            cpl,
-            jnp.asarray(P["data"], fdt),
-        )
+        loss = peers.build(cfg, mob, cpl, rtol=a.rtol, atol=a.atol).loss
+        args = peers.arguments(P, fdt)
         vg = jax.value_and_grad(loss)
     jax.block_until_ready(args)
     rec["base_rss_mb"] = round(h.maxrss_mb(), 1)
@@ -166,46 +153,50 @@ def worker(a) -> dict:
     return rec
 
 
+def reference_worker(sm, a) -> dict:
+    """The `reference` configuration's float64 loss and gradient at `p_init`,
+    written to `--write-ref` (`.npz`: loss, grad, n_c, T, seed, rtol, atol)."""
+    P, fdt = _setup(sm, a.n_patches, a.days, "float64")
+    import jax
+    import numpy as np
+    from reference import peers
+
+    peer = peers.PEERS["reference"]
+    args = peers.arguments(P, fdt)
+    loss = peers.build("reference", args[3], args[4]).loss
+    t = time.perf_counter()
+    v, g = jax.block_until_ready(jax.jit(jax.value_and_grad(loss))(*args))
+    out = Path(a.write_ref)
+    tmp = out.with_name(out.stem + ".tmp.npz")
+    np.savez(
+        tmp,
+        loss=np.float64(v),
+        grad=np.asarray(g, np.float64),
+        n_c=a.n_patches,
+        T=a.days,
+        seed=0,
+        rtol=peer.rtol,
+        atol=peer.atol,
+    )
+    os.replace(tmp, out)
+    return {"config": "reference", "loss": float(v), "wall_s": time.perf_counter() - t}
+
+
 def reference_file(n: int, days: int, timeout: float, ref_dir: str) -> Path | None:
-    """The tight float64 reference gradient from the shared runner, cached in
-    `ref_dir` (`--ref-dir`)."""
+    """The tight float64 reference gradient (the `reference` peer), computed in
+    its own worker and cached in `ref_dir` (`--ref-dir`)."""
     out = Path(ref_dir) / f"gradient_ref_{n}_{days}.npz"
     if out.exists():
         return out
     out.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        str(h.SHARED_BENCH / "peers.py"),
-        "--peer",
-        "reference",
-        "--x64",
-        "--n-c",
-        str(n),
-        "--T",
-        str(days),
-        "--write-ref",
-        str(out),
-        "--no-nfe",
-        "--n-fwd",
-        "0",
-    ]
+    argv = ["--worker", "reference", "--n-patches", str(n), "--days", str(days)]
+    argv += ["--write-ref", str(out)]
     print(f"computing the float64 reference gradient ({n} patches) ...", flush=True)
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=timeout, check=False
-        )
-    except subprocess.TimeoutExpired:
-        print(
-            f"  no reference gradient: the shared runner took over {timeout:.0f} s;"
-            " grad_rel_err is left out",
-            flush=True,
-        )
-        return None
+    rec = h.run_worker(Path(__file__), argv, timeout)
     if not out.exists():
-        tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-3:]
         print(
-            f"  no reference gradient: the shared runner exited {proc.returncode}"
-            f" ({' / '.join(tail) or 'no output'}); grad_rel_err is left out",
+            f"  no reference gradient ({rec.get('error', 'no file written')});"
+            " grad_rel_err is left out",
             flush=True,
         )
         return None
@@ -273,12 +264,12 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--json", default=None)
     ap.add_argument("--ref", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--write-ref", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.worker:
         h.emit(worker(a))
         return 0
-    h.require_reference()
     sizes = [int(x) for x in a.scaling.split(",")] if a.scaling else [a.n_patches]
     adjoints = set(a.adjoints.split(","))
     records = []

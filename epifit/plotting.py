@@ -7,6 +7,7 @@ here touches pyplot's global state or needs a display; in a notebook,
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from typing import Any
@@ -24,6 +25,13 @@ __all__ = ["plot_fit", "select_patches"]
 REFF = "R_eff"
 
 
+def _derived(ds: xr.Dataset) -> list[str]:
+    """The derived series of the file (`[derived]` reading the state or
+    covariates; the `derived_series` attribute): a row of panels each, like
+    `R_eff`, not a weight in choosing the largest patches."""
+    return [s for s in json.loads(ds.attrs.get("derived_series", "[]")) if s in ds]
+
+
 def _series(ds: xr.Dataset) -> list[tuple[str, str | None, str | None]]:
     """`(title, predicted variable, observed variable)` for every panel row."""
     out = []
@@ -38,7 +46,7 @@ def _series(ds: xr.Dataset) -> list[tuple[str, str | None, str | None]]:
     if out:
         if REFF in ds:
             out.append((REFF, REFF, None))
-        return out
+        return out + [(s, s, None) for s in _derived(ds)]
     skip = ("predicted_", "observed_", "residual_")
     return [
         (name, name, None)
@@ -66,8 +74,9 @@ def select_patches(
     if len(available) <= max_patches:
         return available, ""
     weights = np.zeros(len(available))
+    levels = {REFF, *_derived(ds)}
     for title, pred, obs in _series(ds):
-        if title == REFF:
+        if title in levels and pred == title:
             continue
         var = ds[obs if obs is not None else pred]
         weights += np.nan_to_num(var.sum(TIME, skipna=True).values)
@@ -86,9 +95,11 @@ def plot_fit(
 ) -> Any:
     """Draw a fit (`FIT.nc`) or a simulation against its data.
 
-    One block of panels per observed series, one panel per patch (small
-    multiples, or the chosen `patches`): the model's prediction as a line and
-    the observations as dots; for a fit, a last panel with the loss history.
+    One block of panels per observed series, then `R_eff` and each derived
+    series (`[derived]` reading the state or covariates) where the file has
+    them, one panel per patch (small multiples, or the chosen `patches`): the
+    model's prediction as a line and the observations as dots (no bands: the
+    heading says so); for a fit, a last panel with the loss history.
 
     Cost: a file is read whole into memory; drawing makes one matplotlib axes
     per series and patch drawn (at most `max_patches` patches unless chosen),
@@ -202,4 +213,5 @@ def _heading(ds: xr.Dataset, note: str) -> str:
         head += f": loss {float(ds.attrs['loss']):.6g}"
     if note:
         head += f"; {note}"
-    return head
+    line = "the model at the fitted parameters" if kind == "fit" else "the simulation"
+    return f"{head}\nlines: {line}; dots: observations; no uncertainty bands"

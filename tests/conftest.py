@@ -1,4 +1,4 @@
-"""Test configuration: float64, strict rank promotion, the reference module."""
+"""Test configuration: float64, strict rank promotion, the reference problem."""
 
 import jax
 import pytest
@@ -11,6 +11,6 @@ import helpers  # noqa: E402  (after the config, so helpers see x64)
 
 
 @pytest.fixture(scope="session")
-def seed_metapop():
-    """The reference module `../shared/bench/seed_metapop.py` (skips if absent)."""
-    return helpers.import_reference()
+def reference_problem():
+    """The reference problem's module, `benchmarks/reference/problem.py`."""
+    return helpers.reference_problem()

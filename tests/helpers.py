@@ -6,6 +6,7 @@ import datetime
 import importlib.util
 import json
 import math
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -21,7 +22,13 @@ from epifit.model import CompiledModel, ModelBuilder
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = REPO / "models"
-REFERENCE_PATH = REPO.parent / "shared" / "bench" / "seed_metapop.py"
+BENCHMARKS = REPO / "benchmarks"
+# the external definitions the in-repo reference is cross-checked against,
+# when present (`EPIFIT_SHARED_BENCH` points elsewhere, e.g. at a folder that
+# does not exist to run the suite as a clone without them would)
+SHARED_BENCH = Path(
+    os.environ.get("EPIFIT_SHARED_BENCH") or REPO.parent / "shared" / "bench"
+)
 
 # rows of the reference state u (16, patch), as (compartment, stages)
 REFERENCE_LAYOUT = (("S", 1), ("E", 1), ("ID", 7), ("D", 1), ("IR", 5), ("R", 1))
@@ -126,16 +133,36 @@ def builder_from_dict(data: Mapping[str, Any]) -> ModelBuilder:
 
 
 # -- the reference problem ---------------------------------------------------------
-def import_reference():
-    """Import `../shared/bench/seed_metapop.py`, or skip the test."""
-    if not REFERENCE_PATH.exists():
-        pytest.skip(f"reference module not found at {REFERENCE_PATH}")
-    name = "seed_metapop"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REFERENCE_PATH)
+def import_benchmark(name: str):
+    """Import `benchmarks/<name>` (a module or the `reference` package's
+    `reference.problem`, `reference.peers`), with `benchmarks/` on `sys.path`
+    as the benchmark scripts have it."""
+    if str(BENCHMARKS) not in sys.path:
+        sys.path.insert(0, str(BENCHMARKS))
+    return importlib.import_module(name)
+
+
+def reference_problem():
+    """`benchmarks/reference/problem.py`: the reference problem (NumPy and JAX
+    only)."""
+    return import_benchmark("reference.problem")
+
+
+def import_shared(name: str):
+    """Import `<SHARED_BENCH>/<name>.py` under the name `shared_<name>`, or
+    skip: the cross-check against the external definitions needs them."""
+    path = SHARED_BENCH / f"{name}.py"
+    if not path.exists():
+        pytest.skip(
+            f"{path} not found: the external reference is absent, so the in-repo "
+            "one (benchmarks/reference/) is not cross-checked against it"
+        )
+    key = f"shared_{name}"
+    if key in sys.modules:
+        return sys.modules[key]
+    spec = importlib.util.spec_from_file_location(key, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
+    sys.modules[key] = module
     spec.loader.exec_module(module)
     return module
 

@@ -59,8 +59,8 @@ def test_boxcar_seird_gradients_agree():
 
 # --------------------------------------------------- the reference model at 20 patches
 @pytest.fixture(scope="module")
-def reference20(seed_metapop):
-    P = seed_metapop.make_problem(20, 30, 0)
+def reference20(reference_problem):
+    P = reference_problem.make_problem(20, 30, 0)
     model = em.compile_model(em.load_model("models/seird_metapop_mobility.toml"))
     cov = {k: jnp.asarray(v) for k, v in reference_covariates(P).items()}
     init = {k: jnp.asarray(v) for k, v in reference_initial_data(P["u0"]).items()}
@@ -91,13 +91,13 @@ def _reference_loss(model, cov, init, data, sm, adjoint, ctrl=CTRL):
 @pytest.mark.parametrize(
     "name", ["checkpoint", "backsolve", "interpolating", "quadrature"]
 )
-def test_reference_model_gradient_matches_diffrax(reference20, seed_metapop, name):
+def test_reference_model_gradient_matches_diffrax(reference20, reference_problem, name):
     """The reference at 20 patches with its MLP: epifit's gradients w.r.t. the flat
     parameter vector against diffrax's (Tsit5 at tight tolerance restarted on each
     half day, where the day index is constant, with the reference's own vector
     field)."""
     P, model, cov, init, _ = reference20
-    sm = seed_metapop
+    sm = reference_problem
     data = jnp.asarray(P["data"])
     mob, cpl = jnp.asarray(P["mobility"]), jnp.asarray(P["coupling"])
 
@@ -109,8 +109,7 @@ def test_reference_model_gradient_matches_diffrax(reference20, seed_metapop, nam
             day = jnp.floor(j * 0.5 + 0.5)
 
             def f(t, y, args):
-                with jax.numpy_rank_promotion("allow"):
-                    return sm.SEIRD_mobility_coupled(y, day, args, mob, cpl)
+                return sm.vector_field(y, day, args, mob, cpl)
 
             sol = diffrax.diffeqsolve(
                 diffrax.ODETerm(f),
@@ -139,16 +138,18 @@ def test_reference_model_gradient_matches_diffrax(reference20, seed_metapop, nam
 
 
 @pytest.mark.slow
-def test_reference_model_directional_derivatives(reference20, seed_metapop):
+def test_reference_model_directional_derivatives(reference20, reference_problem):
     """Directional finite differences along random directions, all adjoints."""
     P, model, cov, init, _ = reference20
     data = jnp.asarray(P["data"])
     p0 = jnp.asarray(P["p_init"])
     rng = np.random.default_rng(0)
     dirs = rng.normal(size=(3, p0.size))
-    base = jax.jit(_reference_loss(model, cov, init, data, seed_metapop, None))
+    base = jax.jit(_reference_loss(model, cov, init, data, reference_problem, None))
     for name in ("checkpoint", "backsolve", "interpolating", "quadrature"):
-        loss = _reference_loss(model, cov, init, data, seed_metapop, ADJOINTS[name])
+        loss = _reference_loss(
+            model, cov, init, data, reference_problem, ADJOINTS[name]
+        )
         g = np.asarray(jax.jit(jax.grad(loss))(p0))
         for d in dirs:
             eps = 1e-6
@@ -156,14 +157,14 @@ def test_reference_model_directional_derivatives(reference20, seed_metapop):
             assert abs(g @ d - fd) <= 1e-5 * abs(fd), name
 
 
-def test_covariates_get_no_cotangent(reference20, seed_metapop):
+def test_covariates_get_no_cotangent(reference20, reference_problem):
     """No array the size of the coupling cube is formed in the gradient, other
     than the cube itself: covariates are data."""
     P, model, cov, init, _ = reference20
     data = jnp.asarray(P["data"])
 
     def loss(p_flat, cov):
-        return _reference_loss(model, cov, init, data, seed_metapop, None)(p_flat)
+        return _reference_loss(model, cov, init, data, reference_problem, None)(p_flat)
 
     jaxpr = jax.make_jaxpr(jax.grad(loss))(jnp.asarray(P["p_init"]), cov)
     cube = cov["coupling"].shape

@@ -1,7 +1,10 @@
 """The benchmarks run: `benchmarks/forward.py` and `benchmarks/gradient.py` on a
 small reference problem, epifit only, write the JSON records the issues ask
-for, and the gradient they time agrees with the shared runner's float64
-reference. (Speed is measured by `make bench`, never here.)"""
+for, and the gradient they time agrees with the float64 reference
+(`benchmarks/reference/peers.py`'s `reference`); `benchmarks/calibrate.py`
+writes its records and reports a peer that fails with its reason; the peers'
+losses and the benchmark optimiser treat non-finite values as epifit's
+optimiser does. (Speed is measured by `make bench`, never here.)"""
 
 import json
 import subprocess
@@ -9,6 +12,7 @@ import sys
 from pathlib import Path
 
 import helpers
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +43,6 @@ def check_record(rec: dict, keys: list[str]) -> None:
 
 @pytest.mark.slow
 def test_forward_benchmark_writes_its_records(tmp_path):
-    helpers.import_reference()  # skips when ../shared/bench is absent
     out = tmp_path / "forward.json"
     proc = run("forward.py", "--tools", "epifit", "--repeats", "2", "--json", str(out))
     records = json.loads(out.read_text())
@@ -55,7 +58,6 @@ def test_forward_benchmark_writes_its_records(tmp_path):
 
 @pytest.mark.slow
 def test_gradient_benchmark_agrees_with_the_reference(tmp_path):
-    helpers.import_reference()
     out = tmp_path / "gradient.json"
     run(
         "gradient.py",
@@ -72,3 +74,114 @@ def test_gradient_benchmark_agrees_with_the_reference(tmp_path):
     # gradient of the wrong parameters or loss would be off by O(1)
     assert rec["grad_rel_err"] < 5e-3
     assert (tmp_path / "gradient_ref_12_15.npz").exists()
+
+
+# -- calibrate.py ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_calibrate_benchmark_reports_a_failed_peer(tmp_path):
+    """diffrax limited to 3 steps cannot solve the problem: its worker fails
+    with diffrax's reason, epifit's still fits, the comparison still runs and
+    every record carries the required fields."""
+    out = tmp_path / "calibrate.json"
+    proc = run(
+        "calibrate.py",
+        *("--tools", "epifit,diffrax", "--max-iter", "3", "--peer-max-steps", "3"),
+        *("--json", str(out)),
+    )
+    *records, tail = json.loads(out.read_text())
+    assert [r["config"] for r in records] == ["epifit", "diffrax-tsit5"]
+    fields = ["config", "n_patches", "compile_s", "grad_compile_s", "wall_s"]
+    fields += ["final_loss", "time_to_target_s", "time_to_result_s"]
+    for rec in records:
+        assert set(fields) <= set(rec), (set(fields) - set(rec), rec)
+        assert rec["n_patches"] == 12 and rec["dtype"] == "float32"
+    fit, failed = records
+    assert "error" not in fit, fit
+    assert fit["iterations"] == 3 and fit["final_loss"] < fit["initial_loss"]
+    assert 0 < fit["grad_compile_s"] < fit["compile_s"]
+    assert fit["time_to_result_s"] == pytest.approx(fit["compile_s"] + fit["wall_s"])
+    # the target is epifit's own final loss, which it reaches within its run
+    assert 0 < fit["time_to_target_s"] <= fit["wall_s"]
+    assert "maximum number of solver steps" in failed["error"]
+    assert failed["error"].startswith("non-finite loss at the start")
+    assert failed["final_loss"] is None and failed["time_to_target_s"] is None
+    assert failed["time_to_result_s"] is None and failed["grad_compile_s"] > 0
+    summary = tail["summary"]["float32"]
+    assert summary["failed"] == {"diffrax-tsit5": failed["error"]}
+    assert summary["target_loss"] == fit["final_loss"]
+    assert "diffrax-tsit5 FAILED: non-finite loss at the start" in proc.stdout
+
+
+def test_peer_loss_is_nan_where_the_solve_fails():
+    """`throw=False`: a diffrax solve that runs out of steps gives a NaN loss
+    (what epifit's objective gives), `throw=True` an error; with enough steps
+    both give the same finite loss."""
+    import jax
+    import jax.numpy as jnp
+
+    peers = helpers.import_benchmark("reference.peers")
+    P = helpers.reference_problem().make_problem(4, 6, 0)
+    args = peers.arguments(P, jnp.float64)
+
+    def loss(**kw):
+        return jax.jit(peers.build("diffrax-tsit5", args[3], args[4], **kw).loss)
+
+    assert np.isnan(loss(max_steps=3, throw=False)(*args))
+    with pytest.raises(Exception, match="maximum number of solver steps"):
+        jax.block_until_ready(loss(max_steps=3, throw=True)(*args))
+    value = loss(throw=False)(*args)
+    assert np.isfinite(value) and value > 0
+    assert value == loss(throw=True)(*args)
+
+
+def _toy_fit(loss, x0, n: int):
+    """`n` iterations at most of the benchmark optimiser on a toy loss."""
+    import jax
+
+    lbfgs = helpers.import_benchmark("_lbfgs")
+    run, init = lbfgs.make_chunk(loss, ftol=0.0, gtol=1e-10, patience=5)
+    f0, g0 = jax.value_and_grad(loss)(x0)
+    carry, buf = jax.jit(run)(init(x0, f0, g0), (), n)
+    return lbfgs, carry, [np.asarray(b) for b in buf]
+
+
+def test_benchmark_optimizer_rejects_non_finite_steps():
+    """A loss that is finite only at the start: every line search meets only
+    NaN, each step is rejected (the iterate stays), and the fit stops after
+    `MAX_RETREATS` rejections in a row, as epifit's optimiser does."""
+    import jax.numpy as jnp
+
+    x0 = jnp.array([1.0, -2.0])
+
+    def loss(x):
+        return jnp.where(jnp.all(x == x0), jnp.sum(x**2), jnp.nan)
+
+    lbfgs, carry, (losses, _, _, rejected) = _toy_fit(loss, x0, 50)
+    n = lbfgs.MAX_RETREATS
+    assert int(carry["status"]) == lbfgs.NONFINITE and int(carry["it"]) == n
+    np.testing.assert_array_equal(carry["x"], x0)
+    assert float(carry["f"]) == 5.0
+    assert rejected[:n].tolist() == [1] * n and losses[:n].tolist() == [5.0] * n
+
+
+def test_benchmark_optimizer_backs_off_from_failed_points():
+    """A quadratic whose loss is NaN from x = 1.2 on (a solve that fails
+    there), from (0.8, 0.9): the first trial point of the line search (a unit
+    step along the normalised gradient, to about (1.69, 1.35)) fails, the line
+    search backs off, and the fit converges to the minimum at (1, 1)."""
+    import jax
+    import jax.numpy as jnp
+
+    failed = []
+
+    def loss(x):
+        bad = ~jnp.all(x < 1.2)
+        jax.debug.callback(lambda b: failed.append(bool(b)), bad)
+        return jnp.where(bad, jnp.nan, jnp.sum((x - 1.0) ** 2))
+
+    lbfgs, carry, (_, _, _, rejected) = _toy_fit(loss, jnp.array([0.8, 0.9]), 50)
+    jax.effects_barrier()
+    assert failed[0] is False and True in failed  # the start, then a failure
+    assert int(carry["status"]) == lbfgs.GRADIENT, carry["status"]
+    assert not rejected.any()  # the line search, not a retreat, handled it
+    np.testing.assert_allclose(carry["x"], [1.0, 1.0], rtol=1e-9)

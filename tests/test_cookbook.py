@@ -92,8 +92,17 @@ def age_region_dataset() -> xr.Dataset:
     return ds
 
 
+def age_travel_dataset() -> xr.Dataset:
+    ds = age_region_dataset()
+    travel = np.array([[0.9, 0.1], [0.2, 0.8]])
+    regions = list(ds["patch"].values)
+    ds["travel"] = (("patch", "patch_to"), travel)
+    return ds.assign_coords(patch_to=regions)
+
+
 RECIPES = {
     "seir_age_region": age_region_dataset,
+    "seir_age_travel": age_travel_dataset,
     "seir_age3": age_dataset,
     "two_strain": two_strain_dataset,
     "seir_vaccination": vaccination_dataset,

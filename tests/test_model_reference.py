@@ -23,8 +23,8 @@ RTOL = 1e-10
 
 
 @pytest.fixture(scope="module")
-def problem(seed_metapop):
-    return seed_metapop.make_problem(n_c=N_PATCHES, T=N_DAYS, seed=0)
+def problem(reference_problem):
+    return reference_problem.make_problem(n_patches=N_PATCHES, days=N_DAYS, seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -37,17 +37,6 @@ def prepared(model, problem):
     params = params_from_flat(model, problem["p_init"], N_PATCHES)
     args, inputs = model.precompute(params, reference_covariates(problem))
     return params, args, inputs
-
-
-def _allow_rank_promotion(fn):
-    """The reference adds a (7,) bias to (1, 7) rows: run it with NumPy broadcasting
-    (the suite otherwise raises on rank promotion)."""
-
-    def wrapped(*args):
-        with jax.numpy_rank_promotion("allow"):
-            return fn(*args)
-
-    return wrapped
 
 
 def _times(rng: np.random.Generator) -> np.ndarray:
@@ -81,16 +70,16 @@ def test_nearest_rule_is_rint(prepared):
         assert inputs.index(t) == day
 
 
-def test_transmission_rate_matches_reference_mlp(seed_metapop, problem, prepared):
+def test_transmission_rate_matches_reference_mlp(reference_problem, problem, prepared):
     _, _, inputs = prepared
     beta = inputs.values["infections[0].transmission"]
     assert beta.shape == (N_DAYS, N_PATCHES)
     p_mlp = jnp.asarray(problem["p_init"][3 + N_PATCHES :])
     for day in (0, 13, N_DAYS - 1):
-        ref = _allow_rank_promotion(seed_metapop.nn_batch)(
+        ref = reference_problem.transmission_rate(
             p_mlp, jnp.asarray(problem["mobility"][..., day])
         )
-        np.testing.assert_allclose(beta[day], ref[:, 0, 0], rtol=RTOL)
+        np.testing.assert_allclose(beta[day], ref, rtol=RTOL)
 
 
 def test_coupling_passed_through_untouched(problem, prepared):
@@ -101,12 +90,12 @@ def test_coupling_passed_through_untouched(problem, prepared):
     assert scale.shape == (N_PATCHES,)
 
 
-def test_vector_field_matches_reference(seed_metapop, problem, model, prepared):
+def test_vector_field_matches_reference(reference_problem, problem, model, prepared):
     params, args, inputs = prepared
     p = jnp.asarray(problem["p_init"])
     mobility = jnp.asarray(problem["mobility"])
     coupling = jnp.asarray(problem["coupling"])
-    reference = jax.jit(_allow_rank_promotion(seed_metapop.SEIRD_mobility_coupled))
+    reference = jax.jit(reference_problem.vector_field)
     vector_field = jax.jit(model.vector_field)
     rng = np.random.default_rng(1)
     for t in _times(rng):
@@ -133,7 +122,7 @@ def test_initial_state_from_data(problem, model, prepared):
     np.testing.assert_array_equal(state_to_reference(y0), problem["u0"])
 
 
-def test_observations_reproduce_reference_loss(seed_metapop, problem, model):
+def test_observations_reproduce_reference_loss(reference_problem, problem, model):
     sol = problem["sol_true"]  # (time, 16, patch)
     data = problem["data"]  # (time - 1, 2, patch)
     predicted = model.observe(reference_state(sol))
@@ -142,9 +131,7 @@ def test_observations_reproduce_reference_loss(seed_metapop, problem, model):
         column = {"new_infections": 0, "new_deaths": 1}[obs.name]
         assert predicted[obs.name].shape == (N_DAYS - 1, N_PATCHES)
         loss += obs.weight * jnp.sum((predicted[obs.name] - data[:, column]) ** 2)
-    expected = _allow_rank_promotion(seed_metapop.loss_from_solution)(
-        jnp.asarray(sol), jnp.asarray(data)
-    )
+    expected = reference_problem.loss_from_solution(jnp.asarray(sol), jnp.asarray(data))
     np.testing.assert_allclose(loss, expected, rtol=1e-12)
 
 

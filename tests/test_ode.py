@@ -113,7 +113,7 @@ def _metapop_rates(layers, p, mobility, coupling):
 
 
 def _metapop_vf(t, y, args, u):
-    """The reference vector field (`seed_metapop.SEIRD_mobility_coupled`, quirks
+    """The reference vector field (`reference.problem.vector_field`, quirks
     included: the coupling term is counted twice) on a pytree state."""
     kappa, alpha, gamma, eta = (args[k] for k in ("kappa", "alpha", "gamma", "eta"))
     beta, cm = u["beta"], u["coupling"]
@@ -159,8 +159,8 @@ def _to_rows(y):
     )
 
 
-def test_metapopulation_agrees_with_scipy_by_half_days(seed_metapop):
-    sm = seed_metapop
+def test_metapopulation_agrees_with_scipy_by_half_days(reference_problem):
+    sm = reference_problem
     n, T = METAPOP_PATCHES, METAPOP_DAYS
     prob = sm.make_problem(n, T, 0)
     p, u0 = prob["p_true"], prob["u0"]
@@ -173,11 +173,12 @@ def test_metapopulation_agrees_with_scipy_by_half_days(seed_metapop):
     kappa, alpha, gamma = np.logaddexp(0.0, p[:3])
     eta = -np.log(-np.expm1(-kappa * alpha)) / gamma
     scaler = np.logaddexp(0.0, p[3 : 3 + n])
-    beta = sm._np_beta_all_days(p[3 + n :], mob)  # (n, day)
+    beta = sm.numpy_transmission_rate(p[3 + n :], mob)  # (n, day)
 
     def rhs(day):
-        rates = (kappa, alpha, gamma, eta, beta[:, day], scaler[:, None] * cm[..., day])
-        return lambda t, x: sm._np_rhs(x.reshape(16, n), *rates).ravel()
+        cm_day = scaler[:, None] * cm[..., day]
+        rates = sm.Rates(kappa, alpha, gamma, eta, beta[:, day], cm_day)
+        return lambda t, x: sm.numpy_vector_field(x.reshape(16, n), rates).ravel()
 
     # The transcription above is the reference vector field (day 7, a mid state).
     u_mid = prob["sol_true"][7]

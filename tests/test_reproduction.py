@@ -485,6 +485,99 @@ def test_forecast_r_eff_follows_a_scenario_that_halves_transmission():
         )
 
 
+# -- several infections ---------------------------------------------------------------
+VECTOR = """
+compartments = ["Sh", "Ih", "Rh", "Sv", "Iv"]
+[parameters]
+a = { value = [0.3, 0.2], transform = "softplus", per_patch = true }
+bh = { value = 0.4, transform = "softplus" }
+bv = { value = 0.5, transform = "softplus" }
+gamma = { value = 0.1, transform = "softplus" }
+mu = { value = [0.12, 0.2], transform = "softplus", per_patch = true }
+Nh = { value = [1000.0, 800.0], fixed = true, per_patch = true }
+[[infections]]
+from = "Sh"
+to = "Ih"
+transmission = "a * bh"
+infectious = ["Iv"]
+normalize = "population"
+population = "Nh"
+[[infections]]
+from = "Sv"
+to = "Iv"
+transmission = "a * bv"
+infectious = ["Ih"]
+normalize = "population"
+population = "Nh"
+[[transitions]]
+from = "Ih"
+to = "Rh"
+rate = "gamma"
+[[transitions]]
+from = "Iv"
+to = "Sv"
+rate = "mu"
+[initial]
+Sh = "Nh - 1"
+Ih = 1.0
+Sv = "5 * Nh"
+"""
+
+
+def test_vector_borne_r_eff_agrees_with_the_ngm_of_two_infections():
+    """Hosts infected by vectors and vectors by hosts (Ross-Macdonald), two
+    uncoupled patches: F V^-1 over (Ih, Iv) x patch, built with NumPy from the
+    trajectory's susceptibles; its Perron root is the geometric mean of the
+    two transmissions, not either of them."""
+    model = _model(VECTOR)
+    params = model.init_params(2)
+    args, inputs = model.precompute(params, None, 2)
+    y0 = model.initial_state(params, None, 2)
+    ts = np.arange(60.0)
+    ys = solve(model.vector_field, y0, args, ts=ts, inputs=inputs).ys
+    r = reproduction_number(model, ys, params)
+    v = {k: np.asarray(x) for k, x in model.constrain(params).items()}
+    sh, sv = np.asarray(ys["Sh"][:, 0]), np.asarray(ys["Sv"][:, 0])
+    assert sh[-1, 0] < 0.9 * sh[0, 0]  # an outbreak: R_eff moves
+    for t in range(ts.size):
+        F, V = np.zeros((4, 4)), np.zeros((4, 4))  # rows: Ih (patches), Iv
+        for p in range(2):
+            F[p, 2 + p] = v["a"][p] * v["bh"] * sh[t, p] / v["Nh"][p]
+            F[2 + p, p] = v["a"][p] * v["bv"] * sv[t, p] / v["Nh"][p]
+            V[p, p], V[2 + p, 2 + p] = v["gamma"], v["mu"][p]
+        K = F @ np.linalg.inv(V)
+        rho = np.max(np.abs(np.linalg.eigvals(K)))
+        np.testing.assert_allclose(r["R_eff_total"][t], rho, rtol=1e-10)
+        for p in range(2):  # no coupling: each patch's own block
+            block = K[np.ix_([p, 2 + p], [p, 2 + p])]
+            want = np.max(np.abs(np.linalg.eigvals(block)))
+            np.testing.assert_allclose(r["R_eff"][t, p], want, rtol=1e-10)
+    # the closed form: host -> vector -> host over two generations, square-rooted
+    closed = (
+        v["a"] * np.sqrt(v["bh"] * v["bv"] * sh * sv / (v["gamma"] * v["mu"])) / v["Nh"]
+    )
+    np.testing.assert_allclose(r["R_eff"], closed, rtol=1e-10)
+
+
+def test_two_strains_r_eff_agrees_with_the_ngm_of_three_infections():
+    """`models/two_strain.toml`: strain 1 from S, strain 2 from S and (at
+    reduced susceptibility c) from R1; F V^-1 over (I1, I2) from the
+    trajectory, built with NumPy."""
+    model = compile_model(load_model(MODELS / "two_strain.toml"))
+    params = _values(model, b1=0.4, b2=0.35, c=0.6, omega=0.02)
+    ys = _solve(model, params, 120)
+    r = reproduction_number(model, ys, params)
+    v = {k: float(np.asarray(x)) for k, x in model.constrain(params).items()}
+    s, r1 = np.asarray(ys["S"][:, 0, 0]), np.asarray(ys["R1"][:, 0, 0])
+    assert r1.max() > 0.1  # strain 1 has left immune people for strain 2
+    for t in range(s.size):
+        F = np.diag([v["b1"] * s[t], v["b2"] * (s[t] + v["c"] * r1[t])])
+        K = F @ np.linalg.inv(np.diag([v["gamma"], v["gamma"]]))
+        rho = np.max(np.abs(np.linalg.eigvals(K)))
+        np.testing.assert_allclose(r["R_eff_total"][t], rho, rtol=1e-10)
+        np.testing.assert_allclose(r["R_eff"][t, 0], rho, rtol=1e-10)
+
+
 # -- the other helpers' structures: open populations, state rates, strata -----------
 def test_r0_with_deaths_from_every_compartment_is_beta_over_gamma_plus_mu():
     seir = SEIR.format(k=2, m=3, per_e='rate_per = "chain"', per_i='rate_per = "chain"')

@@ -247,6 +247,59 @@ def test_labels_name_the_pieces_and_patches():
     ]
 
 
+def _drop_model(**fields):
+    """The SEIR whose recovery rate `gamma - drop` falls below 0 on the days
+    where the time-varying `drop` (weekly pieces) exceeds gamma = 0.2."""
+    data = copy.deepcopy(SEIR)
+    data["parameters"]["gamma"] = {"value": 0.2, "fixed": True}
+    data["parameters"]["drop"] = {
+        "value": 0.05,
+        "transform": "softplus",
+        "per_time": 7,
+        **fields,
+    }
+    data["transitions"][1]["rate"] = "gamma - drop"
+    return load(data)
+
+
+def test_ranges_that_read_a_time_varying_parameter_are_checked_each_day():
+    from epifit.data import DataError
+    from epifit.simulation import load_params
+
+    problem = Problem(_drop_model(), dataset(28))
+    model = problem.model
+    params = problem.init_params()
+    assert (
+        model.range_violations(model.constrain(params), model.daily_values(params))
+        == []
+    )
+    values = {**model.constrain(params), "drop": np.array([0.05, 0.1, 0.45, 0.05])}
+    bad = model.unconstrain(values)
+    # 0.2 - 0.45 on the third week's days, 14-20: the first one is named
+    assert model.range_violations(model.constrain(bad), model.daily_values(bad)) == [
+        "transitions[1].rate: a rate must be >= 0, but 'gamma - drop' is "
+        f"{0.2 - float(model.daily_values(bad)['drop'][14])!r} on day 14"
+    ]
+    assert model.range_violations(model.constrain(bad)) == []  # no days: skipped
+    with pytest.raises(
+        DataError,
+        match=r"^params: these values break the model: transitions\[1\]\.rate: a "
+        r"rate must be >= 0, but 'gamma - drop' is -0\.2\d* on day 14$",
+    ):
+        load_params(problem, {"drop": [0.05, 0.1, 0.45, 0.05]})
+    # per patch: the day and the patch's value; the other patch stays in range
+    problem = Problem(_drop_model(per_patch=True), dataset(28, patches=["a", "b"]))
+    model = problem.model
+    drop = np.full((4, 2), 0.05)
+    drop[3, 1] = 0.3
+    p = model.unconstrain({**model.constrain(problem.init_params()), "drop": drop})
+    got = 0.2 - float(model.daily_values(p)["drop"][21, 1])  # about -0.1
+    assert model.range_violations(model.constrain(p), model.daily_values(p)) == [
+        f"transitions[1].rate: a rate must be >= 0, but 'gamma - drop' is {got!r} "
+        "on day 21"
+    ]
+
+
 # -- gradients ------------------------------------------------------------------------
 def test_gradients_of_the_pieces_agree_with_fd_and_across_adjoints():
     days = 40
@@ -259,7 +312,8 @@ def test_gradients_of_the_pieces_agree_with_fd_and_across_adjoints():
     free = FreeParameters(problem, params)
     x = free.x0
     grads = {}
-    for adjoint in ("checkpoint", "forward", "backsolve", "interpolating"):
+    adjoints = ("checkpoint", "forward", "backsolve", "interpolating", "quadrature")
+    for adjoint in adjoints:
         settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
         objective = Objective(problem, free, settings)
         data_ = objective.data()
@@ -376,7 +430,7 @@ def test_a_weekly_random_walk_recovers_a_piecewise_beta(tmp_path):
 
 
 def test_a_scenario_sets_or_scales_a_time_varying_parameter():
-    from epifit.forecasting import Change, Scenario, ScenarioError, forecast
+    from epifit.forecasting import Change, Scenario, forecast
 
     days, extra = 28, 14
     problem = Problem(load(with_beta(per_time=7)), dataset(days))
@@ -407,8 +461,45 @@ def test_a_scenario_sets_or_scales_a_time_varying_parameter():
     for name, pieces in want.items():
         got = fc["estimate_cases"].sel(scenario=name).values[1:, 0]
         np.testing.assert_allclose(got, expected(np.array(pieces)), rtol=1e-6)
-    spline = load(with_beta(per_time={"kind": "spline", "knots": 5}))
-    problem = Problem(spline, dataset(days))
-    half = Scenario("half", (Change(parameter="beta", scale=0.5, start=days),))
-    with pytest.raises(ScenarioError, match="varies as a spline"):
-        forecast(problem, params=problem.init_params(), scenarios=[half], days=7)
+
+
+@pytest.mark.parametrize(
+    "per_time, start, end",
+    [
+        ({"kind": "spline", "knots": 6}, 20, 35),  # from inside the fitted days
+        ({"kind": "periodic", "period": 10.0, "harmonics": 2}, 30, 42),
+    ],
+)
+def test_a_scale_multiplies_the_daily_values_of_a_spline_or_fourier_series(
+    per_time, start, end
+):
+    """`scale` on a spline or a Fourier series multiplies its value on each
+    day of the window, whatever its shape there: the forecast equals a solve
+    of the same model with beta a daily covariate scaled on those days."""
+    from epifit.forecasting import Change, Scenario, forecast
+
+    days, extra = 28, 14
+    problem = Problem(load(with_beta(per_time=per_time)), dataset(days))
+    params = problem.init_params()
+    k = params["beta"].shape[0]
+    params["beta"] = params["beta"] + jnp.asarray(np.linspace(-0.5, 0.5, k))
+    change = Change(parameter="beta", scale=0.5, start=start, end=end)
+    fc = forecast(
+        problem, [Scenario("half", (change,))], params=params, samples=0,
+        days=extra, rtol=1e-10, atol=1e-10,
+    )  # fmt: skip
+    beta = np.asarray(problem.model.daily_values(params, days + extra)["beta"])
+    assert np.ptp(beta[start:end]) > 0.05  # the shape inside the window matters
+    day = np.arange(days + extra)
+    scaled = beta * np.where((day >= start) & (day < end), 0.5, 1.0)
+    ref = copy.deepcopy(SEIR)
+    del ref["parameters"]["beta"]
+    ref["covariates"] = {"beta": {"dims": ["time"], "rule": "floor"}}
+    for name, b in (("baseline", beta), ("half", scaled)):
+        ds = dataset(days + extra)
+        ds["beta"] = ("time", b)
+        longer = Problem(load(ref), ds)
+        p = {k: v for k, v in params.items() if k != "beta"}
+        mu = np.asarray(longer.predict(p, longer.solve(p, TIGHT).ys)["cases"])[:, 0]
+        got = fc["estimate_cases"].sel(scenario=name).values[1:, 0]
+        np.testing.assert_allclose(got, mu, rtol=1e-6)

@@ -167,7 +167,8 @@ def _check_ranges(problem: Problem, fitted, outcome: dict) -> None:
     of its range (through a parameter whose transform does not keep it there,
     e.g. `rate = "a - b"` with identity transforms) is not a valid model: the
     message names the field and `converged` is False."""
-    broken = problem.model.range_violations(problem.model.constrain(fitted))
+    model = problem.model
+    broken = model.range_violations(model.constrain(fitted), model.daily_values(fitted))
     if broken:
         more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
         outcome["message"] = (

@@ -216,8 +216,10 @@ def read_fit(
     spec = _stored_spec(ds, path, model)
     n_patches = int(ds.sizes[PATCH])
     spec = override_spec(spec, parse_fit_config(fit_config), n_patches)
-    # time-varying parameters span the fitted days (the trajectories' days)
-    compiled = compile_model(spec).bind_days(int(ds.sizes.get(TIME, 1)))
+    # time-varying parameters span the fitted days (the trajectories' days);
+    # per-stratum parameters reach the cells of the fitted patches
+    compiled = compile_model(spec).bind_patches(n_patches)
+    compiled = compiled.bind_days(int(ds.sizes.get(TIME, 1)))
     params, coefficients = _stored_params(ds, path, compiled, n_patches)
     values = compiled.constrain(params)
     neural = {n.name for n in spec.neural}

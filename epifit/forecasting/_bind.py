@@ -8,7 +8,8 @@ scenarios (and all parameter samples) run through one compiled function:
   last observed day carried forward (the baseline rule), then changed;
 * `parameters`: per changed parameter, `scale` and `value` (NaN: keep) on
   the *intervals* between parameter-change days, `(interval, *shape)`;
-* `transmission`: `scale` and `value` (NaN: keep) per day and patch.
+* `transmission`: `scale` and `value` (NaN: keep) per day and patch (per
+  cell with `[strata]`: a change to a patch changes all its strata).
 
 The parameter-change days of all scenarios together cut the horizon into
 intervals; in a scenario that leaves a parameter alone, its scale is 1 there.
@@ -179,7 +180,7 @@ def bind_scenarios(
         _bound=bound,
         _covariates=cov,
         _shapes={k: shapes[k] for k in sorted(shapes)},
-        _n_patches=len(ctx.patches),
+        _n_patches=ctx.n_cells,
     )
 
 

@@ -250,23 +250,16 @@ class ParameterChange(AbstractChange):
                 f"{self._not_a_parameter(ctx)}; the model's parameters: {join(params)}",
             )
         p = params[name]
-        if p.per_time is not None and p.per_time.kind != "pieces" and self.scale:
-            raise ctx.fail(
-                f"{loc}.scale",
-                f"parameter {name!r} varies as a {p.per_time.kind}, whose scaled "
-                "daily values no coefficients give; set its value instead",
-            )
         est = np.asarray(ctx.values[name], np.float64)
         if self.patches is not None and not p.per_patch:
             raise ctx.fail(
                 f"{loc}.patches",
                 f"parameter {name!r} is not per patch; leave out 'patches'",
             )
-        mask = (
-            ctx.select(self.patches, f"{loc}.patches")
-            if self.patches is not None
-            else np.ones(est.shape, bool)
-        )
+        mask = np.ones(est.shape, bool)
+        if self.patches is not None:  # (patch,), or (patch, stratum) per stratum
+            chosen = ctx.select(self.patches, f"{loc}.patches")
+            mask &= chosen.reshape(chosen.shape + (1,) * (est.ndim - 1))
         lo, hi = p.bounds
         new = (
             est * self.scale
@@ -307,15 +300,16 @@ class ParameterChange(AbstractChange):
     ) -> None:
         starts = arrays.interval_starts
         rows = (starts >= start) & (starts < end)
-        sel = np.ix_(rows, *np.nonzero(entries)) if entries.ndim else rows
-        arrays.parameters[self.parameter][self.field][sel] = self.amount
+        target = arrays.parameters[self.parameter][self.field]
+        target[rows] = np.where(entries, self.amount, target[rows])
 
 
 @final
 @dataclasses.dataclass(frozen=True)
 class TransmissionChange(AbstractChange):
     """Scale or override the transmission rate of every infection (also when
-    it comes from a neural sub-model), in chosen `patches`."""
+    it comes from a neural sub-model), in chosen `patches` (with `[strata]`,
+    in every stratum of them)."""
 
     table_fields: ClassVar[tuple[str, ...]] = (
         "scale",
@@ -341,7 +335,7 @@ class TransmissionChange(AbstractChange):
                 f"{loc}.transmission",
                 f"model {ctx.spec.name!r} has no infections to change",
             )
-        return ctx.patch_mask(self.patches, loc)
+        return ctx.cells(ctx.patch_mask(self.patches, loc))
 
     def apply(
         self, start: int, end: int, entries: np.ndarray, arrays: ScenarioArrays

@@ -12,7 +12,7 @@ import numpy as np
 from epifit._toml import join
 from epifit.forecasting._error import ScenarioError
 from epifit.forecasting._horizon import Horizon
-from epifit.model import CompiledModel
+from epifit.model import CompiledModel, kron_operands
 
 __all__ = ["BindContext", "ScenarioArrays", "list_labels"]
 
@@ -90,6 +90,20 @@ class BindContext:
         if patches is None:
             return np.ones(len(self.patches), bool)
         return self.select(patches, f"{loc}.patches")
+
+    @property
+    def n_cells(self) -> int:
+        """The structure axis of the model's state: the patches, or with
+        `[strata]` the cells (patch x stratum, patch-major)."""
+        return len(self.patches) * self.model.n_strata
+
+    def cells(self, mask: np.ndarray, covariate: str | None = None) -> np.ndarray:
+        """A `(patch,)` mask on the structure axis of the state (or of
+        `covariate`): with `[strata]` every stratum of each patch, `(cell,)`;
+        the matrix over patches of a `kron(M, C)` coupling stays on patches."""
+        if self.model.n_strata == 1 or covariate in kron_operands(self.spec):
+            return mask
+        return np.repeat(mask, self.model.n_strata)
 
 
 @dataclasses.dataclass

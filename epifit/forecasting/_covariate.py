@@ -14,7 +14,7 @@ from epifit.data import FEATURE, PATCH, PATCH_TO
 from epifit.forecasting._change import AbstractChange, check_name
 from epifit.forecasting._context import BindContext, ScenarioArrays, list_labels
 from epifit.forecasting._horizon import carry_forward
-from epifit.model import SparseCoupling
+from epifit.model import SparseCoupling, kron_operands
 
 __all__ = ["CovariateChange", "host_covariate"]
 
@@ -56,7 +56,8 @@ class CovariateChange(AbstractChange):
         features: feature indices (or labels) of a covariate with a feature
             axis; default all.
         inflow: patch labels whose coupling *rows* change (the pressure of
-            infection reaching them from elsewhere).
+            infection reaching them from elsewhere; with `[strata]`, the rows
+            of all their strata).
         outflow: patch labels whose coupling *columns* change (what their
             infectious add elsewhere). With both, the entries in either change.
             A `value` for a coupling replaces the weights of existing links
@@ -103,8 +104,10 @@ class CovariateChange(AbstractChange):
         axes = []
         for dim, size in zip(dims, shape, strict=True):
             m = np.ones(size, bool)
-            if dim == PATCH and self.patches is not None:
-                m = ctx.select(self.patches, f"{loc}.patches")
+            if dim == PATCH and self.patches is not None:  # all its strata
+                m = ctx.cells(
+                    ctx.select(self.patches, f"{loc}.patches"), self.covariate
+                )
             elif dim == FEATURE and self.features is not None:
                 m = self._feature_mask(ctx, size, f"{loc}.features")
             axes.append(m)
@@ -158,12 +161,25 @@ class CovariateChange(AbstractChange):
         (all entries without either); a `value` only on existing links."""
         out = np.ones(shape, bool)
         if self.inflow is not None or self.outflow is not None:
+            if kron_operands(ctx.spec).get(self.covariate) == "stratum":
+                field = "inflow" if self.inflow is not None else "outflow"
+                raise ctx.fail(
+                    f"{loc}.{field}",
+                    f"covariate {self.covariate!r} is the contact matrix over "
+                    f"strata of kron(M, C): it has no patches; change it whole "
+                    "(leave out inflow and outflow), or change the matrix over "
+                    "patches",
+                )
             n = len(ctx.patches)
             rows, cols = np.zeros(n, bool), np.zeros(n, bool)
             if self.inflow is not None:
                 rows = ctx.select(self.inflow, f"{loc}.inflow")
             if self.outflow is not None:
                 cols = ctx.select(self.outflow, f"{loc}.outflow")
+            rows, cols = (
+                ctx.cells(rows, self.covariate),
+                ctx.cells(cols, self.covariate),
+            )
             out = rows[:, None] | cols[None, :]
         if self.value is not None:  # replace weights of existing links only
             out &= _links(host_covariate(ctx.covariates[self.covariate], None))

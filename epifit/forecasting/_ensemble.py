@@ -38,11 +38,10 @@ from epifit._vmap import vmap_batch
 from epifit.model import (
     STATE_NAMES,
     CompiledModel,
-    constrain_coefficients,
+    derived_series,
     has_reproduction_number,
     reproduction_number_of,
     unconstrain,
-    unconstrain_coefficients,
 )
 from epifit.ode import AbstractSolver, AbstractStepSizeController, PiecewiseConstant
 from epifit.simulation import ModelRun, SolverSettings, period_sums
@@ -100,7 +99,8 @@ class EnsembleConfig:
 
     Attributes:
         model: the compiled model.
-        n_patches, n_days: sizes; the solve saves days `0 .. n_days - 1`.
+        n_patches, n_days: sizes (the cells of a model with `[strata]`); the
+            solve saves days `0 .. n_days - 1`.
         interval_of_day: the parameter interval of each day.
         parameters: the parameters scenarios change.
         transmission: whether scenarios change transmission.
@@ -112,7 +112,9 @@ class EnsembleConfig:
 
     With infections (`reproduction`), each trajectory also returns `R_eff
     (time, patch)` and `R_eff_total` (as `(time, 1)`) at the scenario's
-    rates (`epifit.model.reproduction_number_of`).
+    rates (`epifit.model.reproduction_number_of`); and every derived series
+    (`derived`) `(time, patch)`, at the scenario's parameters and
+    covariates (`epifit.model.derived_series`).
     """
 
     model: CompiledModel
@@ -141,6 +143,12 @@ class EnsembleConfig:
     @functools.cached_property
     def reproduction(self) -> bool:
         return has_reproduction_number(self.model)
+
+    @property
+    def derived(self) -> tuple[str, ...]:
+        """The model's derived series (`[derived]` reading the state or
+        covariates)."""
+        return tuple(d.name for d in self.model.spec.series)
 
     @property
     def levels(self) -> tuple[str, ...]:
@@ -191,40 +199,48 @@ class EnsembleConfig:
 # ----------------------------------------------------------------- one sample
 def _modify(cfg: EnsembleConfig, params, changes, j: int):
     """The parameters of interval `j`: scaled or replaced on the constrained
-    scale (clipped to the bounds), unchanged entries left bit-for-bit."""
+    scale (clipped to the bounds), unchanged entries left bit-for-bit. A
+    time-varying parameter's `value` replaces its coefficients here; its
+    `scale` multiplies its daily values (`_daily_scale`)."""
     values = cfg.model.constrain(params)
     specs = {p.name: p for p in cfg.model.spec.parameters}
     out = dict(params)
     for name in cfg.parameters:
         p = specs[name]
         scale, value = changes[name]["scale"][j], changes[name]["value"][j]
+        if p.per_time is not None:
+            out[name] = _replace_coefficients(cfg.model, p, params[name], value)
+            continue
         keep = jnp.isnan(value)
         target = jnp.where(keep, scale * values[name], value)
         lo, hi = p.bounds
-        if p.per_time is not None:
-            out[name] = _modify_coefficients(cfg.model, p, params[name], scale, value)
-            continue
         target = jnp.clip(target, lo, hi)
         new = unconstrain(p.transform, target, lo, hi).astype(params[name].dtype)
         out[name] = jnp.where(keep & (scale == 1.0), params[name], new)
     return out
 
 
-def _modify_coefficients(model: CompiledModel, p, x, scale, value):
+def _daily_scale(cfg: EnsembleConfig, changes, j: int) -> dict[str, Any] | None:
+    """The factors of the daily values of the time-varying parameters that
+    interval `j` scales (1 where it sets a value): every kind is scaled as a
+    modeller reads it, its value on each day of the window times `scale`
+    (for pieces the same as scaling each piece; a spline's or a Fourier
+    series' scaled daily values are those of no coefficients)."""
+    varying = {p.name for p in cfg.model.spec.parameters if p.per_time is not None}
+    out = {n: changes[n]["scale"][j] for n in cfg.parameters if n in varying}
+    return out or None
+
+
+def _replace_coefficients(model: CompiledModel, p, x, value):
     """The coefficients of a time-varying parameter whose daily value is
-    replaced by `value` (`()` or `(patch,)`: constant coefficients) or, for
-    pieces, scaled by `scale` (each piece's value scaled); NaN keeps."""
+    replaced by `value` (`()` or `(patch,)`: constant coefficients); NaN
+    keeps."""
     lo, hi = p.bounds
-    full = lambda a: jnp.broadcast_to(a, x.shape)  # noqa: E731
-    keep = full(jnp.isnan(value))
+    keep = jnp.broadcast_to(jnp.isnan(value), x.shape)
     inside = float(np.ravel(np.asarray(p.value, np.float64))[0])
     safe = jnp.where(jnp.isnan(value), inside, jnp.clip(value, lo, hi))
     replaced = model.coefficients_at(p.name, safe)
-    scaled = unconstrain_coefficients(
-        p, jnp.clip(full(scale) * constrain_coefficients(p, x), lo, hi)
-    )
-    new = jnp.where(keep, scaled, replaced.astype(x.dtype)).astype(x.dtype)
-    return jnp.where(keep & full(scale == 1.0), x, new)
+    return jnp.where(keep, x, replaced.astype(x.dtype))
 
 
 def _assemble(cfg: EnsembleConfig, pre, data):
@@ -280,15 +296,15 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
     _, unravel = ravel_pytree(free)
     params = eqx.combine(unravel(x), rest, cfg.static.tree)
     if cfg.parameters:
-        plist = [
-            _modify(cfg, params, data["parameters"], j) for j in range(cfg.n_intervals)
-        ]
+        changes = data["parameters"]
+        plist = [_modify(cfg, params, changes, j) for j in range(cfg.n_intervals)]
+        scales = [_daily_scale(cfg, changes, j) for j in range(cfg.n_intervals)]
     else:
-        plist = [params]
+        plist, scales = [params], [None]
     cov = data["covariates"]
     run = ModelRun(model, np.arange(T, dtype=np.float64), n, cfg.dtype, cfg.settings)
     y0 = run.initial_state(plist[0], data["initial"], cov)
-    pre = [run.precompute(p, cov) for p in plist]
+    pre = [run.precompute(p, cov, sc) for p, sc in zip(plist, scales, strict=True)]
     args, inputs = _assemble(cfg, pre, data)
     sol = run.integrate(y0, args, inputs, throw=False)
     out = {}
@@ -298,8 +314,8 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
         periods = {o.name: o.period for o in model.spec.observations}
         for name in cfg.observations:
             s = period_sums(_select(cfg, [pr[name] for pr in preds]), periods[name])
-            if s.shape[0] == T - 1:
-                s = jnp.concatenate([jnp.full((1, n), jnp.nan, s.dtype), s])
+            if s.shape[0] == T - 1:  # (time, patch), or per cell with strata
+                s = jnp.concatenate([jnp.full((1, s.shape[1]), jnp.nan, s.dtype), s])
             out[name] = s
     for c in cfg.compartments:
         out[c] = sol.ys[c].sum(axis=1)
@@ -307,6 +323,10 @@ def trajectory(cfg: EnsembleConfig, x, template, data) -> tuple[dict, jnp.ndarra
         r = reproduction_number_of(model, sol.ys, args, inputs, ts=run.ts)
         out[REFF] = r[REFF].astype(cfg.dtype)
         out[REFF_TOTAL] = r[REFF_TOTAL][:, None].astype(cfg.dtype)
+    if cfg.derived:  # each day at its interval's parameters
+        per = [derived_series(model, sol.ys, p, cov) for p in plist]
+        for name in cfg.derived:
+            out[name] = _select(cfg, [d[name] for d in per]).astype(cfg.dtype)
     return out, sol.result
 
 
@@ -369,7 +389,7 @@ def default_chunk(cfg: EnsembleConfig, n: int, backend: str | None = None) -> in
     comes from `benchmarks/forecast.py`).
     """
     state = sum(cfg.model.stages.values()) * cfg.n_patches
-    series = len(cfg.observations) + len(cfg.compartments) + cfg.reproduction
+    series = len(cfg.observations + cfg.compartments + cfg.derived) + cfg.reproduction
     per_sample = 8 * cfg.n_days * (3 * state + 4 * series * cfg.n_patches)
     chunk = CHUNK_BUDGET_BYTES // max(per_sample, 1)
     if (backend or jax.default_backend()) == "cpu":

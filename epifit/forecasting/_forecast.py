@@ -25,8 +25,9 @@ from epifit.forecasting._ensemble import (
     iter_ensemble,
     param_template,
 )
-from epifit.forecasting._horizon import Horizon, check_forecastable
+from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
+from epifit.forecasting._reported import check_reported
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
 from epifit.forecasting._summary import finite_samples, summarize
 from epifit.model import has_reproduction_number
@@ -166,10 +167,11 @@ class PreparedForecast:
         observations, compartments = self.observations, self.compartments
         n_fit = self.horizon.n_fit
         bound = self.bound
-        series_names = (*observations, *compartments, *cfg.levels)
+        series_names = (*observations, *compartments, *cfg.levels, *cfg.derived)
+        keys = {"first_rows": cfg.first_rows, "derived": cfg.derived}
         per_scenario, estimates, failed = [], [], []
         for name, (series, results) in zip(bound.names, runs, strict=True):
-            finite = finite_samples(series, cfg.first_rows)
+            finite = finite_samples(series, **keys)
             ok = (results == 0) & finite
             if not ok[0]:
                 raise RuntimeError(
@@ -192,9 +194,7 @@ class PreparedForecast:
                     RuntimeWarning,
                     stacklevel=2,
                 )
-            per_scenario.append(
-                summarize(chosen, quantiles=q, start=n_fit, first_rows=cfg.first_rows)
-            )
+            per_scenario.append(summarize(chosen, quantiles=q, start=n_fit, **keys))
         return forecast_dataset(
             problem=self.problem,
             bound=bound,
@@ -207,6 +207,7 @@ class PreparedForecast:
             observations=observations,
             attrs=self.attrs,
             levels=cfg.levels,
+            derived=cfg.derived,
         )
 
 
@@ -244,10 +245,11 @@ def prepare_forecast(
             "scenario file."
         )
     q = _check_numbers(days, samples, seed, quantiles)
-    model = check_forecastable(problem.model)
+    model = problem.model
     observations = tuple(o.name for o in model.spec.observations)
-    compartments = _check_compartments(model, tuple(compartments), observations)
-    n_series = len(observations + compartments) + has_reproduction_number(model)
+    compartments = check_reported(model, tuple(compartments), observations)
+    n_series = len(observations + compartments + tuple(model.spec.series))
+    n_series += has_reproduction_number(model)  # R_eff and R_eff_total
     horizon = _horizon(problem, days, samples, n_series)
     bound = _bind(problem, params, sset, horizon, baseline)
     template, static = param_template(model, params)
@@ -259,7 +261,7 @@ def prepare_forecast(
     sha = file_sha256(sset.source) if sset.source else None
     cfg = EnsembleConfig(
         model=model,
-        n_patches=problem.n_patches,
+        n_patches=problem.n_cells,
         n_days=horizon.n_days,
         interval_of_day=tuple(int(v) for v in bound.interval_of_day),
         parameters=bound.parameters,
@@ -308,23 +310,6 @@ def _check_numbers(days, samples, seed, quantiles) -> np.ndarray:
     return q
 
 
-def _check_compartments(model, compartments: tuple[str, ...], observations):
-    """The compartments to report: the model's, none of them observed."""
-    unknown = [c for c in compartments if c not in model.compartments]
-    if unknown:
-        raise ValueError(
-            f"Unknown compartment(s) {unknown}; model '{model.spec.name}' has "
-            f"{', '.join(model.compartments)}."
-        )
-    clash = sorted(set(compartments) & set(observations))
-    if clash:
-        raise ValueError(
-            f"{clash} name both a compartment and an observed series; leave them "
-            "out of compartments (the observed series is always reported)."
-        )
-    return compartments
-
-
 def _horizon(problem: Problem, days: int, samples: int, n_series: int) -> Horizon:
     """The data's days and `days` forecast days after them, checked to fit in
     memory: a scenario's series for every draw and a solve's states, per day."""
@@ -333,7 +318,7 @@ def _horizon(problem: Problem, days: int, samples: int, n_series: int) -> Horizo
     horizon = Horizon(n_fit=n_fit, n_days=n_fit + int(days), first_date=first)
     if horizon.n_days < 2:
         raise ValueError("A forecast needs at least 2 days in all; give days >= 1.")
-    k, p = 1 + int(samples), problem.n_patches
+    k, p = 1 + int(samples), problem.n_cells
     state = sum(problem.model.stages.values()) * p
     check_memory(
         8.0 * horizon.n_days * (2 * k * n_series * p + 3 * state),
@@ -465,9 +450,16 @@ def forecast(
         point estimate); `peak_day_s`, `peak_s` (over the whole horizon) and
         `cumulative_s` (over the forecast days) `(scenario, quantile, patch)`
         with `_total` twins `(scenario, quantile)`; `observed_<name> (time,
-        patch)` for context; `failed_samples (scenario)`; and provenance
+        patch)` for context; `failed_samples (scenario)`; with infections
+        `R_eff`, `R_eff_total` and their `estimate_` twins (quantiles only);
+        every derived series `d` of the model (`[derived]` reading the state
+        or covariates) as `d (scenario, quantile, time, patch)` and
+        `estimate_d (scenario, time, patch)`, at each scenario's parameters
+        and covariates (no statistics, no sum over patches); and provenance
         attributes (`epifit_kind = "forecast"`, fit file and hash, seed,
-        versions, the scenarios as JSON). Incidence has no value on day 0.
+        versions, the scenarios as JSON). Incidence has no value on day 0. A
+        series per cell of a model with `[strata]` has `(patch, STRATUM)` in
+        place of `patch`.
 
     Raises:
         ScenarioError: a scenario that does not fit the model, data or horizon.

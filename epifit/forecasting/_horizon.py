@@ -110,19 +110,3 @@ def carry_forward(a: np.ndarray, n_days: int) -> np.ndarray:
         return a[:n_days]
     tail = np.repeat(a[-1:], n_days - a.shape[0], axis=0)
     return np.concatenate([a, tail], axis=0)
-
-
-def check_forecastable(model):
-    """`model`, if forecasts can run it.
-
-    Raises:
-        ValueError: a stratified model (its cells are not yet mapped onto
-            scenario patches and outputs).
-    """
-    if model.n_strata > 1:
-        raise ValueError(
-            f"Model '{model.spec.name}' has strata ({model.spec.strata.name}); "
-            "forecasts of stratified models are not supported yet: simulate the "
-            "horizon with epifit simulate --days instead"
-        )
-    return model

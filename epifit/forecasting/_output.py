@@ -11,6 +11,7 @@ import xarray as xr
 
 from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
 from epifit.fitting import library_versions
+from epifit.forecasting._strata import forecast_on_cells
 
 __all__ = ["KIND", "STATISTICS", "forecast_dataset", "forecast_summary"]
 
@@ -36,6 +37,7 @@ def forecast_dataset(
     observations,
     attrs,
     levels=(),
+    derived=(),
 ) -> xr.Dataset:
     T = horizon.n_days
     time = horizon.dates if horizon.dates is not None else np.arange(T)
@@ -52,6 +54,9 @@ def forecast_dataset(
     for s in series_names:
         if s in levels:
             data_vars.update(_level_vars(s, per_scenario, estimates))
+            continue
+        if s in derived:
+            data_vars.update(_derived_vars(problem.spec, s, per_scenario, estimates))
             continue
         kind = "observed series" if s in observations else "compartment (all stages)"
         data_vars[s] = (
@@ -81,17 +86,7 @@ def forecast_dataset(
                 np.stack([p[f"{stat}_{s}_total"] for p in per_scenario]),
                 {"long_name": f"quantiles of the {what} of '{s}' summed over patches"},
             )
-    for name, obs in problem.observed.items():
-        o = np.where(np.asarray(problem.mask[name]), np.asarray(obs, float), np.nan)
-        days = problem.stamps[name].days
-        inside = days < T
-        full = np.full((T, o.shape[1]), np.nan)
-        full[days[inside]] = o[inside]
-        data_vars[f"observed_{name}"] = (
-            (TIME, PATCH),
-            full,
-            {"long_name": f"observed '{name}' (the fit window)"},
-        )
+    data_vars.update(_observed_vars(problem, T))
     data_vars["failed_samples"] = (
         SCENARIO,
         np.asarray(failed, np.int64),
@@ -115,6 +110,7 @@ def forecast_dataset(
         "forecast_start_day": int(horizon.n_fit),
         "series": json.dumps(list(series_names)),
         "observations": json.dumps(list(observations)),
+        "derived_series": json.dumps(list(derived)),
         "scenarios": json.dumps(bound.definitions),
         "baseline_rule": "the last observed day's covariates carried forward",
         "time_units": "days since the first date",
@@ -122,7 +118,25 @@ def forecast_dataset(
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         **{f"version_{k}": v for k, v in library_versions().items()},
     }
-    return xr.Dataset(data_vars, coords=coords, attrs=full_attrs)
+    return forecast_on_cells(problem, data_vars, coords, full_attrs)
+
+
+def _observed_vars(problem, n_days: int) -> dict[str, Any]:
+    """`observed_<name> (time, patch)`: the data on the forecast's days (NaN
+    past the fit window and where masked), for context."""
+    out = {}
+    for name, obs in problem.observed.items():
+        o = np.where(np.asarray(problem.mask[name]), np.asarray(obs, float), np.nan)
+        days = problem.stamps[name].days
+        inside = days < n_days
+        full = np.full((n_days, o.shape[1]), np.nan)
+        full[days[inside]] = o[inside]
+        out[f"observed_{name}"] = (
+            (TIME, PATCH),
+            full,
+            {"long_name": f"observed '{name}' (the fit window)"},
+        )
+    return out
 
 
 def _level_vars(s: str, per_scenario, estimates) -> dict[str, Any]:
@@ -156,6 +170,27 @@ def _level_vars(s: str, per_scenario, estimates) -> dict[str, Any]:
                 "long_name": f"{what} over all patches at the point estimate",
                 "units": "1",
             },
+        ),
+    }
+
+
+def _derived_vars(spec, s: str, per_scenario, estimates) -> dict[str, Any]:
+    """The quantiles and point estimate of derived series `s` (`[derived]`
+    reading the state or covariates), per patch only, its expression in
+    `long_name` as `epifit simulate` and FIT.nc write it (no units: those
+    of the expression)."""
+    source = {d.name: d.expression.source for d in spec.series}[s]
+    what = f"derived series {s} = {source}"
+    return {
+        s: (
+            (SCENARIO, QUANTILE, TIME, PATCH),
+            np.stack([p[s] for p in per_scenario]),
+            {"long_name": f"quantiles of {what}"},
+        ),
+        f"estimate_{s}": (
+            (SCENARIO, TIME, PATCH),
+            np.stack([e[s] for e in estimates]),
+            {"long_name": f"{what} at the point estimate"},
         ),
     }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,7 @@ from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
 __all__ = ["plot_forecast"]
 
 TOTAL = "all patches"
+EACH = "each patch"  # a derived series has no total: its medians per patch
 REFF = "R_eff"  # drawn with a line at 1; its total is over all patches
 
 
@@ -46,13 +48,17 @@ def plot_forecast(
     lightest), draws the median (else the point estimate) as a line and the
     observations as points, with a dashed vertical line at the forecast start.
     Panels of a row share their y axis, so scenarios compare at a glance.
+    The heading says what the bands are. A derived series (`[derived]`
+    reading the state or covariates) has no sum over patches: its row for
+    all patches draws the median of each patch.
 
     Args:
         source: a forecast Dataset or a `FORECAST.nc` path
             (`epifit_kind = "forecast"`).
         out: write the figure here (PNG, PDF or SVG by suffix) when given.
         patches: patch labels to draw besides the total (default none).
-        series: the series to draw (default the observed series, else all).
+        series: the series to draw (default the observed series, else all,
+            then `R_eff` and the derived series where the forecast has them).
 
     Returns:
         The `matplotlib.figure.Figure`.
@@ -72,6 +78,7 @@ def plot_forecast(
             "write one with `epifit forecast` or epifit.forecasting.forecast."
         )
     series = _series(ds, series)
+    derived = json.loads(ds.attrs.get("derived_series", "[]"))
     labels = [str(p) for p in ds[PATCH].values]
     patches = _patches(labels, patches)
     areas: list[str | None] = [None] + patches if len(labels) > 1 else [labels[0]]
@@ -85,15 +92,18 @@ def plot_forecast(
     axes = fig.subplots(len(rows), ncols, squeeze=False, sharex=True, sharey="row")
     for r, (s, area) in enumerate(rows):
         for c, name in enumerate(scenarios):
-            _panel(axes[r, c], ds, s, area, name)
+            if area is None and s in derived:
+                _each_patch(axes[r, c], ds, s, name)
+            else:
+                _panel(axes[r, c], ds, s, area, name)
             if r == 0 and c == 0:
                 axes[r, c].legend(fontsize=6.5, frameon=False, loc="upper left")
-    samples = ds.attrs.get("samples", 0)
-    fig.suptitle(
-        f"{ds.attrs.get('model', '')} forecast: {samples} parameter draws, "
-        f"{ds.attrs.get('days', '')} days from {ds.attrs.get('forecast_start', '')}",
-        fontsize=10,
+    head = (
+        f"{ds.attrs.get('model', '')} forecast: {ds.attrs.get('days', '')} days "
+        f"from {ds.attrs.get('forecast_start', '')}; {_band_note(ds)}"
     )
+    width = int(12 * fig.get_figwidth())  # characters of 10 pt across the figure
+    fig.suptitle(textwrap.fill(head, max(width, 30)), fontsize=10)
     if out is not None:
         save_figure(fig, out)
     return fig
@@ -106,14 +116,34 @@ def _series(ds: xr.Dataset, series: Sequence[str] | None) -> Sequence[str]:
     observed = json.loads(ds.attrs.get("observations", "[]"))
     if series is None:
         series = [s for s in observed if s in available] or available
-        if REFF in available and REFF not in series:
-            series = [*series, REFF]
+        derived = json.loads(ds.attrs.get("derived_series", "[]"))
+        extra = [s for s in (REFF, *derived) if s in available and s not in series]
+        series = [*series, *extra]
     unknown = [s for s in series if s not in available]
     if unknown:
         raise ValueError(
             f"Unknown series {unknown}; the forecast has {', '.join(available)}"
         )
     return series
+
+
+def _band_note(ds: xr.Dataset) -> str:
+    """What the bands of a forecast's panels are, for its heading."""
+    samples = int(ds.attrs.get("samples", 0))
+    if samples == 0:
+        return "no parameter draws: every band collapses onto the point estimate"
+    levels = np.asarray(ds[QUANTILE].values, float)
+    pairs, mid = _bands(levels)
+    widths = [f"{100 * (levels[hi] - levels[lo]):g}%" for lo, hi in pairs]
+    line = "median" if mid is not None else "point estimate"
+    bands = (
+        f"bands: central {', '.join(widths[::-1])} intervals"
+        if widths
+        else "no symmetric quantiles, no bands"
+    )
+    cov = ds.attrs.get("covariance", "")
+    drawn = f", covariance {cov}" if cov else ""
+    return f"{bands} over {samples} parameter draws{drawn}; line: the {line}"
 
 
 def _patches(labels: list[str], patches: Sequence[str] | None) -> list[str]:
@@ -174,6 +204,29 @@ def _panel(ax, ds: xr.Dataset, s: str, area: str | None, name: str) -> None:
     if start < len(t):
         ax.axvline(t[start], color="0.4", ls="--", lw=1, label="forecast start")
     ax.set_title(f"{name}: {s} — {where}", fontsize=9)
+    ax.tick_params(labelsize=7)
+    for label in ax.get_xticklabels():
+        label.set_rotation(30)
+
+
+def _each_patch(ax, ds: xr.Dataset, s: str, name: str) -> None:
+    """Derived series `s` of scenario `name`, the median (else the point
+    estimate) of each patch as a thin line: it has no sum over patches."""
+    levels = np.asarray(ds[QUANTILE].values, float)
+    _, mid = _bands(levels)
+    t = ds[TIME].values
+    if mid is not None:
+        ys = ds[s].sel({SCENARIO: name}).isel({QUANTILE: mid})
+        what = "median"
+    else:
+        ys = ds[f"estimate_{s}"].sel({SCENARIO: name})
+        what = "estimate"
+    ys = np.asarray(ys.transpose(TIME, PATCH).values, float)
+    ax.plot(t, ys, "-", color="C0", lw=0.8, alpha=0.6)
+    start = int(ds.attrs.get("forecast_start_day", len(t)))
+    if start < len(t):
+        ax.axvline(t[start], color="0.4", ls="--", lw=1)
+    ax.set_title(f"{name}: {s} — {what} of {EACH}", fontsize=9)
     ax.tick_params(labelsize=7)
     for label in ax.get_xticklabels():
         label.set_rotation(30)

@@ -21,14 +21,17 @@ def first_row(name: str, first_rows: Mapping[str, int]) -> int:
 
 
 def finite_samples(
-    series: Mapping[str, np.ndarray], first_rows: Mapping[str, int]
+    series: Mapping[str, np.ndarray],
+    first_rows: Mapping[str, int],
+    derived: Sequence[str] = (),
 ) -> np.ndarray:
     """`(sample,)`: whether every series of a sample is finite from its first
     row on; the reproduction number (`LEVELS`, infinite where an infected
-    state is never left) does not count."""
+    state is never left) and the `derived` series (`I / testing` with no
+    tests) do not count: a sample whose solve is finite is valid."""
     finite = np.ones(len(next(iter(series.values()))), bool)
     for s, a in series.items():
-        if s in LEVELS or s.removesuffix("_total") in LEVELS:
+        if s in LEVELS or s.removesuffix("_total") in LEVELS or s in derived:
             continue
         body = np.asarray(a)[:, first_row(s, first_rows) :]
         finite &= np.all(np.isfinite(body), axis=tuple(range(1, body.ndim)))
@@ -41,6 +44,7 @@ def summarize(
     quantiles: Sequence[float],
     start: int,
     first_rows: Mapping[str, int],
+    derived: Sequence[str] = (),
 ) -> dict[str, np.ndarray]:
     """Quantiles over the sample axis of every series and of its statistics.
 
@@ -49,6 +53,9 @@ def summarize(
         quantiles: the levels.
         start: the first forecast day (cumulative totals run from it on).
         first_rows: the first day with a value, by series (see `first_row`).
+        derived: the derived series (`[derived]` reading the state or
+            covariates): quantiles only, like `R_eff`, and no `_total` (a
+            ratio or a level of each patch has no sum over patches).
 
     Returns:
         For each series `s`: `s (quantile, time, patch)`, `s_total (quantile,
@@ -66,6 +73,11 @@ def summarize(
             continue
         a = np.asarray(a, np.float64)
         k, T, P = a.shape
+        if name in derived:
+            out[name] = (
+                np.quantile(a, q, axis=0) if k else np.full((q.size, T, P), np.nan)
+            )
+            continue
         if name in LEVELS:
             total = np.asarray(samples[f"{name}_total"], np.float64)[..., 0]
             out[name] = (

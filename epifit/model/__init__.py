@@ -8,6 +8,7 @@ from epifit.model._builders import ModelBuilder as ModelBuilder
 from epifit.model._compiled import CompiledModel as CompiledModel
 from epifit.model._compiled import as_model as as_model
 from epifit.model._compiled import compile_model as compile_model
+from epifit.model._coupling import KronCoupling as KronCoupling
 from epifit.model._coupling import SparseCoupling as SparseCoupling
 from epifit.model._coupling import sparse_coupling as sparse_coupling
 from epifit.model._delay import AbstractDelay as AbstractDelay
@@ -57,6 +58,7 @@ from epifit.model._spec import TimeBasisSpec as TimeBasisSpec
 from epifit.model._spec import TransitionSpec as TransitionSpec
 from epifit.model._state import STATE_NAMES as STATE_NAMES
 from epifit.model._strata import cell_array as cell_array
+from epifit.model._strata import kron_operands as kron_operands
 from epifit.model._transform import TRANSFORMS as TRANSFORMS
 from epifit.model._transform import bounds_error as bounds_error
 from epifit.model._transform import constrain as constrain

@@ -158,8 +158,10 @@ class ModelBuilder:
         symmetrize: bool | None = None,
         multiplier: float | None = None,
         local: float | None = None,
+        contacts: str | None = None,
     ) -> ModelBuilder:
-        """Metapopulation coupling through a matrix covariate."""
+        """Metapopulation coupling through a matrix covariate (with `[strata]`
+        and `contacts`, a contact matrix over strata: `kron(M, C)`)."""
         return self._named(
             "couplings",
             name,
@@ -169,6 +171,7 @@ class ModelBuilder:
                 symmetrize=symmetrize,
                 multiplier=multiplier,
                 local=local,
+                contacts=contacts,
             ),
         )
 

@@ -130,16 +130,17 @@ class CompiledModel(eqx.Module):
         return n_coefficients(p.per_time, self._horizon())
 
     def daily_values(
-        self, params: Params, n_days: int | None = None
+        self, params: Params, n_days: int | None = None, scale: Mapping | None = None
     ) -> dict[str, Array]:
         """The constrained value of every time-varying parameter on days
         `0 .. n_days - 1` (default the bound days), `(day,)` or `(day,
         patch)`; past the bound days pieces and splines keep their last
-        value, a periodic parameter goes on with its period."""
+        value, a periodic parameter goes on with its period; `scale` (`{name:
+        () or (patch,)}`: a scenario's) multiplies them, clipped to the bounds."""
         horizon = self._horizon() if self.time_varying_parameters else 0
-        n = horizon if n_days is None else int(n_days)
+        n, scale = horizon if n_days is None else int(n_days), scale or {}
         return {
-            p.name: daily_values(p, params[p.name], horizon, n)
+            p.name: daily_values(p, params[p.name], horizon, n, scale.get(p.name))
             for p in self.spec.parameters
             if p.per_time is not None
         }
@@ -277,18 +278,18 @@ class CompiledModel(eqx.Module):
         and per-stratum values expanded to the cells (patch-major)."""
         return self._on_cells(self.constrain(params))
 
-    def range_violations(self, values: Mapping[str, Any]) -> list[str]:
-        """The fields whose required range (rates >= 0, probabilities in
-        [0, 1], initial conditions >= 0, populations > 0) the constrained
-        `values` (parameters and derived quantities, concrete: e.g.
-        `constrain(params)` at a fitted point) break, as sentences naming the
-        field and the expression. The same checks the model file got at its
-        initial values; expressions that read covariates or time-varying
-        parameters are skipped. Cost: one NumPy evaluation per checked
-        expression, outside any solve."""
+    def range_violations(
+        self, values: Mapping[str, Any], daily: Mapping[str, Any] | None = None
+    ) -> list[str]:
+        """The fields whose required range (rates >= 0, probabilities in [0, 1],
+        initial conditions >= 0, populations > 0) the concrete constrained
+        `values` (`constrain(params)` at a fitted point) break, as sentences: the
+        model file's checks, those reading a time-varying parameter on each day
+        of `daily` (`daily_values(params)`; skipped without it), not those
+        reading covariates. Cost: one NumPy evaluation per check."""
         skip = set(self.time_varying_parameters)
         values = {k: v for k, v in values.items() if k not in skip}
-        return range_violations(self.spec.range_checks, values)
+        return range_violations(self.spec.range_checks, values, daily)
 
     def unconstrain(self, values: Mapping[str, Any]) -> Params:
         """Inverse of [`constrain`][]; derived quantities in `values` are ignored.
@@ -344,6 +345,7 @@ class CompiledModel(eqx.Module):
         covariates: Mapping[str, ArrayLike] | None = None,
         n_patches: int | None = None,
         n_days: int | None = None,
+        scale: Mapping[str, ArrayLike] | None = None,
         breaks=None,
     ) -> tuple[Args, PiecewiseConstant | None]:
         """Everything that depends only on (parameters, day), once per solve.
@@ -362,15 +364,15 @@ class CompiledModel(eqx.Module):
             matrices, or `None` without time-varying covariates.
 
         With `n_patches`, scalar rates in `args` are broadcast to `(patch,)`
-        here, once: a rate then enters the vector field elementwise, so the
-        reverse pass of a solver step forms no reduction per use of a scalar
-        (one reduction per solve instead, in this function's own reverse pass).
-        That makes the compiled gradient of a step several times smaller.
+        here, once, so the reverse pass of a solver step forms no reduction
+        per use of a scalar: the compiled gradient of a step is several times
+        smaller (model README, "Scalar rates broadcast per patch").
 
         Time-varying parameters (`per_time`) are evaluated on every day
-        (`daily_values`) into `inputs`, over `n_days` days (the days solved;
-        default the covariates' days, else the bound days) whose grid is the
-        covariates' (the `floor` rule without time-varying covariates).
+        (`daily_values`, times their `scale`) into `inputs`, over `n_days`
+        days (the days solved; default the covariates' days, else the bound
+        days) whose grid is the covariates' (the `floor` rule without
+        time-varying covariates).
 
         `breaks` (concrete days from 0, e.g. `epifit.model.break_days` of
         the concrete covariates) evaluates the per-day inputs on those days
@@ -384,7 +386,7 @@ class CompiledModel(eqx.Module):
         daily = None
         if self.time_varying_parameters:
             n_cov = max(n_cov or 0, n_days or 0) or self._horizon()
-            daily = self._on_cells(self.daily_values(params, n_cov))
+            daily = self._on_cells(self.daily_values(params, n_cov, scale))
         return args_and_inputs(
             self.spec,
             self.plan,

@@ -1,4 +1,10 @@
-"""Metapopulation coupling: the infectious mass seen through a matrix covariate."""
+"""Metapopulation coupling: the infectious mass seen through a matrix covariate.
+
+A coupling matrix is dense, stored by rows (`SparseCoupling`), or, in a model
+with `[strata]` whose coupling names both a matrix over patches and a contact
+matrix over strata, the Kronecker product of the two (`KronCoupling`), applied
+as two small contractions and never formed.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-__all__ = ["SparseCoupling", "coupled_mass", "sparse_coupling"]
+__all__ = [
+    "KronCoupling",
+    "SparseCoupling",
+    "coupled_mass",
+    "coupling_matrix",
+    "sparse_coupling",
+]
 
 
 class SparseCoupling(eqx.Module):
@@ -34,6 +46,56 @@ class SparseCoupling(eqx.Module):
     @property
     def ndim(self) -> int:
         return len(self.shape)
+
+
+class KronCoupling(eqx.Module):
+    """`kron(M, C)` on the cells (patch-major: cell `p * n_strata + s`), never
+    formed: cell `(p, s)` meets cell `(q, t)` with weight `M[p, q] * C[s, t]`.
+
+    `M` (one day's `(patch, patch_to)`, dense or `SparseCoupling`) is the
+    mobility between patches, `C` (one day's `(stratum, stratum_to)`) the
+    contacts between strata. A product with the infectious mass `i (cell,)`
+    reshaped to `X (patch, stratum)` is `M @ X @ Cᵀ`: `O(patch·stratum²)` for
+    `C` plus `O(patch²·stratum)` dense or `O(patch·k·stratum)` sparse for
+    `M`, against `O((patch·stratum)²)` for the dense cell matrix (which is
+    never held either: `M` and `C` are the only arrays).
+    """
+
+    patch: Float[Array, "patch patch_to"] | SparseCoupling
+    strata: Float[Array, "stratum stratum_to"]
+
+
+def coupling_matrix(get, c) -> Array | SparseCoupling | KronCoupling:
+    """The matrix of coupling plan `c` on the day `get` reads (`get(key)`
+    from `args` or the day's inputs): dense, sparse rows with their columns
+    (`<matrix>.columns`) or, with `c.contacts`, `kron(M, C)`."""
+    m = get(c.matrix)
+    try:
+        m = SparseCoupling(m, get(c.matrix + ".columns"))
+    except KeyError:
+        pass
+    if c.contacts is None:
+        return m
+    return KronCoupling(m, get(c.contacts_key))
+
+
+def _patch_product(m, x: Array, transpose: bool) -> Array:
+    """`M @ x` (or `Mᵀ @ x`) for `x (patch, stratum)`."""
+    if isinstance(m, SparseCoupling):
+        w, cols = m.values, m.columns
+        if transpose:
+            return jnp.zeros_like(x).at[cols].add(w[..., None] * x[:, None, :])
+        return jnp.sum(w[..., None] * x[cols], axis=-2)
+    return m.T @ x if transpose else m @ x
+
+
+def _kron_product(k: KronCoupling, i: Array, symmetrize: bool) -> Array:
+    """`kron(M, C) @ i` (plus `kron(M, C)ᵀ @ i` if symmetrized)."""
+    x = jnp.reshape(i, (-1, k.strata.shape[-1]))  # (patch, stratum)
+    ci = _patch_product(k.patch, x @ k.strata.T, False)
+    if symmetrize:
+        ci = ci + _patch_product(k.patch, x @ k.strata, True)
+    return jnp.reshape(ci, jnp.shape(i))
 
 
 def sparse_coupling(dense, *, max_density: float = 0.25):
@@ -70,7 +132,7 @@ def sparse_coupling(dense, *, max_density: float = 0.25):
 
 def coupled_mass(
     i: Float[Array, " patch"],
-    matrix: Float[Array, "patch patch_to"],
+    matrix: Float[Array, "patch patch_to"] | SparseCoupling | KronCoupling,
     scale: Float[Array, " patch"] | Float[Array, ""] | None,
     *,
     symmetrize: bool,
@@ -83,8 +145,12 @@ def coupled_mass(
     rows, `(scale[:, None] * C) @ i`, equals `scale * (C @ i)`, and
     `(C + Cᵀ) @ i` equals `C @ i + i @ C`, so one day costs one or two
     matrix-vector products and no new `(patch, patch)` array.
+    A `KronCoupling` is applied as `M @ X @ Cᵀ` on the cells reshaped to
+    `(patch, stratum)` (see there).
     """
-    if isinstance(matrix, SparseCoupling):
+    if isinstance(matrix, KronCoupling):
+        ci = _kron_product(matrix, i, symmetrize)
+    elif isinstance(matrix, SparseCoupling):
         w, cols = matrix.values, matrix.columns
         ci = jnp.sum(w * i[cols], axis=-1)
         if symmetrize:

@@ -75,6 +75,8 @@ def read_derived(
     for name in deps:
         visit(name, [])
     series = _series_names(ctx, deps)
+    for name in sorted(series):
+        _check_output_name(ctx, name, locations[name])
     for name in series:
         ctx.symbols[name] = ("derived series", True, True)
     out, series_specs = (
@@ -92,6 +94,40 @@ def read_derived(
             if value is not None:
                 env[name] = value
     return tuple(out), series_specs
+
+
+# Names the outputs of simulate, FIT.nc and forecasts give their own
+# variables and coordinates: a derived series written under one of them
+# would overwrite it.
+_OUTPUT_NAMES = frozenset(
+    {
+        "state", "state_row", "compartment_of_row", "time", "day", "patch",
+        "quantile", "scenario", "scenario_description", "R_eff", "R_eff_total",
+        "R0", "x", "se", "estimate", "lower", "upper", "covariance",
+        "coefficient", "coefficients", "coefficient_free", "loss_history",
+        "grad_norm_history", "phase_history", "step_history", "start_loss",
+        "start_initial_loss", "failed_samples", "iteration", "parameter",
+        "parameter_kind", "parameter_name", "parameter_patch", "free",
+        "free_to", "start",
+    }
+)  # fmt: skip
+_OUTPUT_PREFIXES = (
+    "predicted_", "observed_", "residual_", "estimate_", "cumulative_", "peak_",
+)  # fmt: skip
+
+
+def _check_output_name(ctx: SectionContext, name: str, loc: str) -> None:
+    """A derived series is written as a variable named after it: refuse the
+    names the outputs already use."""
+    taken = name in _OUTPUT_NAMES or name.startswith(_OUTPUT_PREFIXES)
+    observed = [e for _, e, _ in ctx.listed_tables("observations")]
+    totals = {f"{e.get('name')}_total" for e in observed if isinstance(e, Mapping)}
+    if taken or name in totals:
+        raise ctx.r.fail(
+            loc,
+            f"derived series {name!r} would be written over the output variable "
+            "of that name (simulate, FIT.nc and forecasts write it); rename it",
+        )
 
 
 def _series_names(ctx: SectionContext, deps) -> set[str]:

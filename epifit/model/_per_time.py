@@ -153,9 +153,12 @@ def _inside(p: ParameterSpec) -> float:
     return float(v[0])
 
 
-def daily_values(p: ParameterSpec, x: ArrayLike, horizon: int, n_days: int) -> Array:
+def daily_values(
+    p: ParameterSpec, x: ArrayLike, horizon: int, n_days: int, scale=None
+) -> Array:
     """The constrained value on each day `0 .. n_days - 1`, `(day,)` or
-    `(day, patch)`: `transform(B @ x)`."""
+    `(day, patch)`: `transform(B @ x)`, times `scale` (`()` or `(patch,)`,
+    the same on every day) clipped to the bounds when given."""
     x = jnp.asarray(x)
     B = jnp.asarray(basis_matrix(p.per_time, horizon, n_days), x.dtype)
     if x.ndim not in (1, 2) or x.shape[0] != B.shape[1]:
@@ -163,7 +166,12 @@ def daily_values(p: ParameterSpec, x: ArrayLike, horizon: int, n_days: int) -> A
             f"time-varying parameter {p.name!r} has coefficients of shape "
             f"{x.shape}; over {horizon} days it has {B.shape[1]} along time"
         )
-    return constrain(p.transform, B @ x, *p.bounds)
+    value = constrain(p.transform, B @ x, *p.bounds)
+    if scale is None:
+        return value
+    scale = jnp.asarray(scale, value.dtype)
+    scale = scale if scale.ndim == 0 else scale[None, :]  # one factor a day
+    return jnp.clip(value * scale, *p.bounds)
 
 
 def coefficient_labels(basis: TimeBasisSpec, K: int) -> list[str]:

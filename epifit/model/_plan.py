@@ -64,6 +64,13 @@ class CouplingPlan:
     symmetrize: bool
     multiplier: float
     local: float
+    contacts: str | None = None  # the covariate C of kron(M, C) ([strata])
+    contacts_time_varying: bool = False
+
+    @property
+    def contacts_key(self) -> str:
+        """The key of `C` in args or inputs."""
+        return self.matrix.removesuffix(".matrix") + ".contacts"
 
 
 @_frozen
@@ -207,7 +214,7 @@ def make_plan(spec: ModelSpec) -> Plan:
                 scale = f"couplings.{c.name}.scale"
                 if scale not in {s.key for s in slots}:
                     slot(scale, c.scale)
-            coupling = _coupling_plan(c, cov_tv[c.covariate], scale)
+            coupling = _coupling_plan(c, cov_tv, scale)
         infections.append(
             Infection(
                 inf.source,
@@ -230,15 +237,18 @@ def make_plan(spec: ModelSpec) -> Plan:
     )
 
 
-def _coupling_plan(c, time_varying: bool, scale: str | None) -> CouplingPlan:
+def _coupling_plan(c, time_varying, scale: str | None) -> CouplingPlan:
+    """The plan of coupling `c`; `time_varying` by covariate name."""
     return CouplingPlan(
         covariate=c.covariate,
         matrix=f"couplings.{c.name}.matrix",
-        time_varying=time_varying,
+        time_varying=time_varying[c.covariate],
         scale=scale,
         symmetrize=c.symmetrize,
         multiplier=c.multiplier,
         local=c.local,
+        contacts=c.contacts,
+        contacts_time_varying=c.contacts is not None and time_varying[c.contacts],
     )
 
 

@@ -11,6 +11,7 @@ then only reads them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,7 @@ from epifit.model._neural import neural_rates
 from epifit.model._plan import Plan, Slot
 from epifit.model._spec import ModelSpec
 from epifit.model._state import put_state_names
+from epifit.model._strata import check_kron_sizes, kron_operands
 from epifit.ode import PiecewiseConstant
 
 __all__ = ["args_and_inputs", "covariate_arrays", "day_rule"]
@@ -65,6 +67,7 @@ def covariate_arrays(
         n.covariate: (n.in_size - int(n.time_input), n.name) for n in spec.neural
     }
     arrays = {}
+    kron, kron_patches = kron_operands(spec), None
     for c in spec.covariates:
         loc = f"covariates.{c.name}"
         if c.name not in covariates:
@@ -72,12 +75,20 @@ def covariate_arrays(
         a = covariates[c.name]
         if not isinstance(a, SparseCoupling):
             a = jnp.asarray(a)
-        elif c.dims[-1] != PATCH_TO:
+        elif c.dims[-1] != PATCH_TO or kron.get(c.name) == "stratum":
             raise fail(loc, "a sparse matrix is only a coupling covariate")
         if a.ndim != len(c.dims):
             raise fail(
                 loc, f"shape {a.shape} does not match dims ({', '.join(c.dims)})"
             )
+        if c.name in kron:  # an operand of kron(M, C), on its own axis
+            S, why = spec.strata.size, functools.partial(fail, loc)
+            n = check_kron_sizes(kron[c.name], a.shape, S, why)
+            kron_patches = (n, loc) if n is not None else kron_patches
+            if TIME in c.dims:
+                agree(TIME, a.shape[0], loc)
+            arrays[c.name] = a
+            continue
         for dim, size in zip(c.dims, a.shape, strict=True):
             if dim == FEATURE:
                 want, by = in_sizes[c.name]
@@ -94,6 +105,17 @@ def covariate_arrays(
             else:
                 agree(dim, size, loc)
         arrays[c.name] = a
+    if kron_patches is not None:  # M's patches times the strata: the cells
+        n, loc = kron_patches
+        S = spec.strata.size
+        if PATCH in sizes and sizes[PATCH][0] != n * S:
+            cells, where = sizes[PATCH]
+            raise fail(
+                loc,
+                f"{n} patches x {S} strata are {n * S} cells, but {where} has "
+                f"{cells} cells",
+            )
+        sizes.setdefault(PATCH, (n * S, loc))
     n_patches = sizes[PATCH][0] if PATCH in sizes else None
     n_days = sizes[TIME][0] if TIME in sizes else None
     return arrays, n_patches, n_days
@@ -162,6 +184,9 @@ def args_and_inputs(
                 args[c.matrix + ".columns"] = m.columns
                 m = m.values
             (per_day if c.time_varying else args)[c.matrix] = m
+            if c.contacts is not None:  # C of kron(M, C)
+                daily = per_day if c.contacts_time_varying else args
+                daily[c.contacts_key] = arrays[c.contacts]
     if not per_day:
         return args, None
     times = grid.astype(np.float64)

@@ -35,7 +35,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array
 
-from epifit.model._coupling import SparseCoupling, coupled_mass
+from epifit.model._coupling import coupled_mass, coupling_matrix
 from epifit.model._plan import Infection, Plan
 
 __all__ = [
@@ -231,14 +231,9 @@ def _contact(inf: Infection, y, get, z: Array) -> Array:
     c = inf.coupling
     force = z
     if c is not None:
-        try:
-            columns = get(c.matrix + ".columns")
-        except KeyError:
-            columns = None
-        m = get(c.matrix)
         coupled = coupled_mass(
             z,
-            m if columns is None else SparseCoupling(m, columns),
+            coupling_matrix(get, c),
             None if c.scale is None else get(c.scale),
             symmetrize=c.symmetrize,
             multiplier=c.multiplier,

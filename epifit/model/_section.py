@@ -34,7 +34,8 @@ class SectionContext:
             time_varying)`.
         used: the names some expression or reference has read.
         stages: compartment -> number of stages (from `[[compartments]]`).
-        covariate_dims: covariate -> dims (from `[covariates]`).
+        covariate_dims: covariate -> dims (from `[covariates]`; on the cells
+            with `[strata]`), covariate_data_dims: the dims the data give.
         coupling_names: the declared couplings (from `[couplings]`).
         constants: name -> value of the fixed parameters and of the derived
             quantities of them: what is known before any fit.
@@ -57,6 +58,7 @@ class SectionContext:
         self.symbols: dict[str, tuple[str, bool, bool]] = {}
         self.stages: dict[str, int] = {}
         self.covariate_dims: dict[str, tuple[str, ...]] = {}
+        self.covariate_data_dims: dict[str, tuple[str, ...]] = {}
         self.strata = None  # the StrataSpec of `[strata]`, if any
         self.coupling_names: list[str] = []
         self.constants: dict[str, np.ndarray] = {}
@@ -214,26 +216,38 @@ def range_text(context: str) -> str:
 
 
 def range_violations(
-    checks: tuple[tuple[str, str, Expression], ...], values: Mapping[str, Any]
+    checks: tuple[tuple[str, str, Expression], ...],
+    values: Mapping[str, Any],
+    daily: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The range checks (`SectionContext.range_checks`) that fail at the
     constrained parameter and derived `values` (concrete numbers), as
-    sentences naming the field and the expression; expressions that read
-    covariates or neural sub-models are not constant here and are skipped.
-    Cost: one NumPy evaluation of each checked expression."""
+    sentences naming the field and the expression; an expression that reads
+    a time-varying parameter is checked at its `daily` values (`(day[,
+    patch])`), naming the first day that fails, and skipped without them;
+    expressions that read covariates or neural sub-models are not constant
+    here and are skipped. Cost: one NumPy evaluation of each checked
+    expression (over the days for those that read `daily`)."""
     env = {k: np.asarray(v, np.float64) for k, v in values.items() if _numeric(v)}
+    days = {}
+    for k, v in (daily or {}).items():
+        v = np.asarray(v, np.float64)
+        days[k] = v[:, None] if v.ndim == 1 else v  # (day, patch or 1)
+        env.pop(k, None)  # its coefficients are not its value
     out = []
     for location, context, expr in checks:
-        value, _ = fold(expr, env)
+        timed = bool(expr.names & days.keys())
+        value, _ = fold(expr, {**env, **days} if timed else env)
         if value is None:
             continue
         lo, hi, closed = REQUIRED_RANGES[context]
-        v = np.ravel(value)
-        bad = (v < lo) | (v > hi) | ((v == lo) & (not closed))
-        if bad.any():
+        bad = (value < lo) | (value > hi) | ((value == lo) & (not closed))
+        if np.any(bad):
+            first = int(np.flatnonzero(bad)[0])
+            when = f" on day {np.unravel_index(first, bad.shape)[0]}" if timed else ""
             out.append(
                 f"{location}: {context} must be {range_text(context)}, but "
-                f"{expr.source!r} is {float(v[bad][0])!r}"
+                f"{expr.source!r} is {float(np.ravel(value)[first])!r}{when}"
             )
     return out
 

@@ -23,7 +23,9 @@ __all__ = ["derived_series"]
 def derived_series(
     model, ys: Mapping[str, Any], params, covariates: Mapping[str, Any] | None = None
 ) -> dict[str, Array]:
-    """`{name: (time, patch)}` for every derived series of `model`.
+    """`{name: (time, patch)}` for every derived series of `model` (with
+    strata, `patch` is the cell axis: per-patch and per-stratum values are
+    laid onto the cells, as `cell_values` does).
 
     Args:
         model: a `CompiledModel`.
@@ -40,7 +42,7 @@ def derived_series(
         return {}
     n_time = next(iter(ys.values())).shape[0]
     env: dict[str, Any] = {}
-    for name, v in model.constrain(params).items():
+    for name, v in model.cell_values(params).items():  # with strata: on cells
         v = jnp.asarray(v) if not hasattr(v, "layers") else v
         env[name] = v[None, :] if getattr(v, "ndim", None) == 1 else v
     for c in model.compartments:

@@ -193,7 +193,12 @@ class OutflowSpec:
 
 @_frozen
 class CouplingSpec:
-    """Metapopulation coupling through a matrix covariate `C[p, q]`."""
+    """Metapopulation coupling through a matrix covariate `C[p, q]`.
+
+    In a model with `[strata]`, `contacts` names a contact matrix over strata
+    (data dims `(age, age_to)`) beside `covariate`, a matrix over patches
+    (`(patch, patch_to)`): the coupling is then `kron(M, C)` on the cells,
+    both kept on their own axes (`KronCoupling`)."""
 
     name: str
     covariate: str
@@ -201,6 +206,7 @@ class CouplingSpec:
     symmetrize: bool = False
     multiplier: float = 1.0
     local: float = 1.0
+    contacts: str | None = None
 
 
 @_frozen

@@ -8,7 +8,10 @@ as it sees patches in a model without strata. This module holds the
 translations at that boundary: the dims of a covariate on the cell axis, a
 data array flattened onto the cells (contact matrices as `kron(I_patch, C)`,
 patch couplings as `kron(M, I_strata)`), parameter values expanded to the
-cells, and predictions summed over strata. See docs/models.md, *Strata*.
+cells, and predictions summed over strata. A coupling that names both a
+matrix over patches and a contact matrix (`contacts`) is `kron(M, C)`: its
+two operands stay on their own axes (`kron_operands`) and are applied as two
+small contractions (`KronCoupling`). See docs/models.md, *Strata*.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from epifit._schema import PATCH, PATCH_TO
-from epifit._toml import at
+from epifit._schema import PATCH, PATCH_TO, TIME
+from epifit._toml import at, join
 from epifit.model._spec import StrataSpec
 
 __all__ = [
@@ -28,7 +31,11 @@ __all__ = [
     "cell_array",
     "cell_dims",
     "cell_value",
+    "check_kron_operands",
+    "check_kron_sizes",
     "check_stratum_values",
+    "kron_operands",
+    "read_contacts",
     "read_per_stratum",
     "read_strata",
     "strata_dims_hint",
@@ -108,6 +115,85 @@ def check_stratum_values(ctx, loc: str, n_values: int, per_time) -> None:
         raise ctx.r.fail(
             at(loc, "per_time"), "per_stratum parameters cannot vary in time yet"
         )
+
+
+def read_contacts(ctx, t, loc: str, covariate: str) -> str | None:
+    """A coupling's `contacts` field: a contact matrix over strata (data dims
+    `[age, age_to]` or `[time, age, age_to]`) beside `covariate`, which must
+    then be a matrix over patches; the coupling is `kron(M, C)`."""
+    if "contacts" not in t:
+        return None
+    cl = at(loc, "contacts")
+    if ctx.strata is None:
+        raise ctx.r.fail(
+            cl,
+            "a contact matrix over strata needs a [strata] table (e.g. [strata] "
+            'age = ["0-19", "20-64", "65+"])',
+        )
+    name = ctx.r.string(t["contacts"], cl)
+    a, a_to = ctx.strata.name, ctx.strata.to
+    want = ((a, a_to), (TIME, a, a_to))
+    if ctx.covariate_data_dims.get(name) not in want:
+        usable = [c for c, d in ctx.covariate_data_dims.items() if d in want]
+        raise ctx.r.fail(
+            cl,
+            f"{name!r} is not a covariate with dims [{a!r}, {a_to!r}] or "
+            f"['time', {a!r}, {a_to!r}]; such covariates: {join(usable)}",
+        )
+    have = ctx.covariate_data_dims[covariate]
+    if have not in ((PATCH, PATCH_TO), (TIME, PATCH, PATCH_TO)):
+        raise ctx.r.fail(
+            at(loc, "covariate"),
+            f"with contacts, the covariate is the matrix over patches (dims "
+            f"['patch', 'patch_to'] or ['time', 'patch', 'patch_to']) of "
+            f"kron(M, C); {covariate!r} has dims {list(have)}",
+        )
+    ctx.used.add(name)
+    return name
+
+
+def kron_operands(spec) -> dict[str, str]:
+    """The covariates of `kron(M, C)` couplings, kept on their own axes (not
+    the cells): name -> `"patch"` (M) or `"stratum"` (C)."""
+    out = {}
+    for c in spec.couplings:
+        if c.contacts is not None:
+            out[c.covariate], out[c.contacts] = PATCH, "stratum"
+    return out
+
+
+def check_kron_operands(ctx, couplings) -> None:
+    """A covariate of a `kron(M, C)` coupling (kept on its own axis) is no
+    other coupling's matrix on the cells."""
+    kron = {}
+    for c in couplings:
+        if c.contacts is not None:
+            kron.update({c.covariate: c.name, c.contacts: c.name})
+    for c in couplings:
+        if c.contacts is None and c.covariate in kron:
+            raise ctx.r.fail(
+                at(at("couplings", c.name), "covariate"),
+                f"covariate {c.covariate!r} is an operand of kron(M, C) in coupling "
+                f"{kron[c.covariate]!r} (kept on its own axis), so it cannot also "
+                "be a matrix on the cells here; declare a second covariate for "
+                "this coupling",
+            )
+
+
+def check_kron_sizes(role: str, shape, n_strata: int, fail) -> int | None:
+    """The operand of `kron(M, C)` of `role` (`kron_operands`) checked: `C`
+    is `(.., stratum, stratum)`; `M` square. Returns the patches of `M`."""
+    n, m = shape[-2:]
+    if role != PATCH:
+        if (n, m) != (n_strata, n_strata):
+            raise fail(
+                f"shape {tuple(shape)}: a contact matrix over {n_strata} strata "
+                f"is ({n_strata}, {n_strata}) on each day"
+            )
+        return None
+    if n != m:
+        raise fail(f"shape {tuple(shape)}: the matrix over patches is not square")
+    return int(n)
 
 
 def cell_dims(dims: tuple[str, ...], strata: StrataSpec) -> tuple[str, ...]:

@@ -43,7 +43,9 @@ from epifit.model._spec import (
 )
 from epifit.model._strata import (
     cell_dims,
+    check_kron_operands,
     check_stratum_values,
+    read_contacts,
     read_per_stratum,
     read_strata,
     strata_dims_hint,
@@ -197,6 +199,7 @@ def _read_covariates(ctx: SectionContext) -> tuple[CovariateSpec, ...]:
             ctx.symbols[name] = ("covariate", PATCH in dims, TIME in dims)
         out.append(CovariateSpec(name, dims, rule, data_dims))
     ctx.covariate_dims = {c.name: c.dims for c in out}
+    ctx.covariate_data_dims = {c.name: c.data_dims or c.dims for c in out}
     return tuple(out)
 
 
@@ -389,7 +392,7 @@ def _covariate_field(ctx: SectionContext, t, loc: str, allowed, dims: str) -> st
 def _read_couplings(ctx: SectionContext) -> tuple[CouplingSpec, ...]:
     r = ctx.r
     out = []
-    fields = ("scale", "symmetrize", "multiplier", "local")
+    fields = ("scale", "symmetrize", "multiplier", "local", "contacts")
     for name, entry, loc in ctx.named_tables("couplings"):
         name = r.identifier(name, loc, "coupling")
         t = r.table(entry, loc, required=("covariate",), optional=fields)
@@ -408,8 +411,12 @@ def _read_couplings(ctx: SectionContext) -> tuple[CouplingSpec, ...]:
         symmetrize = r.boolean(t.get("symmetrize", False), at(loc, "symmetrize"))
         multiplier = r.number(t.get("multiplier", 1.0), at(loc, "multiplier"))
         local = r.number(t.get("local", 1.0), at(loc, "local"))
+        contacts = read_contacts(ctx, t, loc, cov)
         ctx.declare(name, "coupling", loc)
-        out.append(CouplingSpec(name, cov, scale, symmetrize, multiplier, local))
+        out.append(
+            CouplingSpec(name, cov, scale, symmetrize, multiplier, local, contacts)
+        )
+    check_kron_operands(ctx, out)
     ctx.coupling_names = [c.name for c in out]
     return tuple(out)
 

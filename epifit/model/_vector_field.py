@@ -5,7 +5,8 @@ solve (`_precompute`) into `args` and the day's slice `u`; here each
 evaluation reads those rates and forms the flows. Cost per evaluation: one
 elementwise product per outflow and branch, and per infection one force of
 infection (a reduction over the infectious stages, plus one or two coupling
-matrix-vector products, dense `O(patch²)` or sparse `O(patch·k)`), computed
+matrix-vector products, dense `O(patch²)` or sparse `O(patch·k)`; for
+`kron(M, C)` two contractions over the (patch, stratum) cells), computed
 once into its own buffer (`computed_once`) even though two compartments
 read it.
 """
@@ -20,7 +21,7 @@ import numpy as np
 from jaxtyping import Array, Float, PyTree
 
 from epifit._custom_types import Args, Y
-from epifit.model._coupling import SparseCoupling, coupled_mass
+from epifit.model._coupling import coupled_mass, coupling_matrix
 from epifit.model._observation import flow_key
 from epifit.model._once import computed_once
 from epifit.model._plan import Infection, Plan, Slot
@@ -167,7 +168,7 @@ def _force_of_infection(inf: Infection, y: Y, get) -> Float[Array, " patch"]:
     else:
         coupled = coupled_mass(
             i,
-            _matrix(get(c.matrix), _optional(get, c.matrix + ".columns")),
+            coupling_matrix(get, c),
             None if c.scale is None else get(c.scale),
             symmetrize=c.symmetrize,
             multiplier=c.multiplier,
@@ -179,18 +180,6 @@ def _force_of_infection(inf: Infection, y: Y, get) -> Float[Array, " patch"]:
         else:
             force = c.local * i + coupled
     return get(inf.transmission) * force
-
-
-def _optional(get, key: str):
-    try:
-        return get(key)
-    except KeyError:
-        return None
-
-
-def _matrix(m: Array, columns: Array | None):
-    """A coupling matrix: dense, or one day's sparse rows with their columns."""
-    return m if columns is None else SparseCoupling(m, columns)
 
 
 def _total(terms: list[Array]) -> Array | None:

@@ -25,6 +25,7 @@ from epifit.model import (
     SparseCoupling,
     as_model,
     break_days,
+    kron_operands,
     sparse_coupling,
 )
 from epifit.ode import Solution
@@ -155,6 +156,7 @@ class Problem:
             cell_covariates(spec, bound.covariates, self.n_patches),
             {c.name: c.dims for c in spec.covariates},
             self.dtype,
+            dense=kron_operands(spec),
         )
         self.initial_data = _initial_arrays(ds, initial_vars, self.dtype, self)
         self.stamps = _stamps(spec, ds, bound, self.ts.size, self.data_path)
@@ -375,12 +377,13 @@ def _time_axis(ds: xr.Dataset, bound, days: int | None):
     return ts, dates
 
 
-def _covariate_arrays(values: Mapping[str, Any], dims, dt) -> dict[str, Any]:
+def _covariate_arrays(values: Mapping[str, Any], dims, dt, dense=()) -> dict:
     """The covariates as arrays of `dt`; mobility matrices `(..., patch_to)`
-    stored by rows when sparse (see `SparseCoupling`)."""
+    stored by rows when sparse (see `SparseCoupling`), except the contact
+    matrices over strata of `kron(M, C)` couplings (`dense[k] == "stratum"`)."""
     covariates = {}
     for k, v in values.items():
-        if dims[k][-1:] == ("patch_to",):
+        if dims[k][-1:] == ("patch_to",) and dense.get(k) != "stratum":
             covariates[k] = sparse_coupling(v.astype(dt))
             if not isinstance(covariates[k], SparseCoupling):
                 covariates[k] = jnp.asarray(v, dt)

@@ -81,12 +81,18 @@ class ModelRun:
         return {k: v.astype(self.dtype) for k, v in y0.items()}
 
     def precompute(
-        self, params, covariates: Mapping[str, Any] | None
+        self,
+        params,
+        covariates: Mapping[str, Any] | None,
+        scale: Mapping[str, Any] | None = None,
     ) -> tuple[Any, PiecewiseConstant | None]:
-        """`(args, inputs)`: what depends only on (parameters, day), once."""
+        """`(args, inputs)`: what depends only on (parameters, day), once
+        (`scale`: factors of time-varying parameters' daily values)."""
         n = self.n_patches if self.broadcast_rates else None
         days = int(np.floor(self.ts[-1])) + 1 if len(self.ts) else None
-        return self.model.precompute(params, covariates, n, days, self.breaks)
+        return self.model.precompute(
+            params, covariates, n, days, scale=scale, breaks=self.breaks
+        )
 
     def integrate(
         self, y0, args, inputs: PiecewiseConstant | None, *, throw: bool = True

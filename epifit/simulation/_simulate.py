@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import importlib.metadata
+import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -86,7 +87,8 @@ def load_params(problem: Problem, source: str | os.PathLike | Mapping[str, Any] 
         raise DataError(f"{where}: {e}") from None
     out = {**params, **{k: new[k] for k in known}}
     # a rate or probability that these values take out of its range
-    if broken := problem.model.range_violations(problem.model.constrain(out)):
+    model = problem.model
+    if broken := model.range_violations(model.constrain(out), model.daily_values(out)):
         raise DataError(f"{where}: these values break the model: {broken[0]}")
     return out
 
@@ -406,8 +408,16 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
             )
     data_vars.update(reproduction_vars(problem, params, sol.ys))
     data_vars.update(series_vars(problem, params, sol.ys))
+    base = _file_attrs(problem, sol)
+    return xr.Dataset(data_vars, coords=coords, attrs={**base, **(attrs or {})})
+
+
+def _file_attrs(problem: Problem, sol) -> dict[str, Any]:
+    """A trajectory file's attributes: provenance, units, the derived series
+    (`derived_series`, JSON: the variables `epifit plot` draws beside
+    `R_eff`) and the solver's counts."""
     stats = {k: int(np.asarray(v)) for k, v in sol.stats.items()}
-    base = {
+    return {
         "title": f"epifit simulation of model '{problem.spec.name}'",
         "model": problem.spec.name,
         "model_file": str(problem.model_path or ""),
@@ -419,8 +429,7 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
         "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
         "time_units": "days since the first date",
         "units": "as the initial state (counts or fractions of each patch)",
+        "derived_series": json.dumps([d.name for d in problem.spec.series]),
         **{f"solver_{k}": v for k, v in stats.items()},
         **{k: v for k, v in problem.hashes().items() if v is not None},
     }
-    ds = xr.Dataset(data_vars, coords=coords, attrs={**base, **(attrs or {})})
-    return ds

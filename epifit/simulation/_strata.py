@@ -5,7 +5,8 @@ The compiled model of a stratified model has one structure axis, the cells
 stratum coordinate is checked against the model's labels and put in their
 order, and covariates, initial data and per-stratum observations are
 flattened onto the cells, once, at binding (concrete NumPy: a contact matrix
-becomes `kron(I_patch, C)`, stored by rows when sparse).
+becomes `kron(I_patch, C)`, stored by rows when sparse; the two operands of a
+`kron(M, C)` coupling are kept as they are).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, TIME, DataError
-from epifit.model import ModelSpec, cell_array
+from epifit.model import ModelSpec, cell_array, kron_operands
 
 __all__ = [
     "align_strata",
@@ -63,12 +64,15 @@ def observed_dims(spec: ModelSpec, data: xr.Dataset) -> dict[str, tuple[str, ...
 
 
 def cell_covariates(spec: ModelSpec, values, n_patches: int) -> dict:
-    """The bound covariates (of their data dims) on the cell axis."""
+    """The bound covariates (of their data dims) on the cell axis; the
+    operands of a `kron(M, C)` coupling stay on their own axes."""
     if spec.strata is None:
         return dict(values)
     dims = {c.name: c.data_dims or c.dims for c in spec.covariates}
+    kron = kron_operands(spec)
     return {
-        k: cell_array(dims[k], v, n_patches, spec.strata) for k, v in values.items()
+        k: v if k in kron else cell_array(dims[k], v, n_patches, spec.strata)
+        for k, v in values.items()
     }
 
 

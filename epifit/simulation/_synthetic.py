@@ -1,7 +1,7 @@
 """Synthetic metapopulation datasets from known parameters (`synthetic_metapopulation`).
 
 The generator follows the synthetic problem of the reference benchmark
-(`shared/bench/seed_metapop.py`), written in epifit's conventions: patches at
+(`benchmarks/reference/problem.py`), written in epifit's conventions: patches at
 random points of the unit square, sparse k-nearest-neighbour gravity coupling
 with a slow modulation, smooth mobility features with a lockdown dip, a true MLP
 calibrated so that the transmission rate rises with mobility within a realistic

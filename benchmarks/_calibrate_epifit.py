@@ -1,0 +1,163 @@
+"""The `epifit-calibrate` worker of `benchmarks/calibrate.py`:
+`epifit.fitting.calibrate` itself on the reference problem.
+
+A `Problem` of `models/seird_metapop_mobility.toml` and an xarray dataset of
+the reference arrays (covariates, initial state, observations), one `lbfgs`
+phase with the benchmark optimiser's settings. The worker enables a fresh
+persistent compilation cache before anything compiles; `compile_s` is a
+one-iteration fit with the cache cold, `wall_s` the timed fit's `optimize_s`
+with the cache warm (a second run of the same fit), its start-up included;
+`grad_compile_s` is one `value_and_grad` of the same objective
+(`epifit.fitting.Objective`), compiled in the same worker after the fits
+(a program of its own, not batched over starts, which the cache does not
+hold).
+"""
+
+from __future__ import annotations
+
+import time
+
+import _harness as h
+from _lbfgs import MAX_LINESEARCH_STEPS, MEMORY_SIZE
+
+
+def reference_dataset(P):
+    """The reference arrays as a dataset for `models/seird_metapop_mobility.toml`:
+    covariates `(time, patch, ...)`, `initial_*` and the daily observations
+    `(time, patch)` (NaN on day 0: no change before the first day)."""
+    import numpy as np
+    import xarray as xr
+    from helpers import reference_covariates, reference_initial_data
+
+    n = P["u0"].shape[1]
+    cov = reference_covariates(P)
+    data = np.asarray(P["data"], np.float64)
+    nan = np.full((1, n), np.nan)
+    patches = [f"p{i:04d}" for i in range(n)]
+    dv = {
+        "mobility": (("time", "patch", "feature"), cov["mobility"]),
+        "coupling": (("time", "patch", "patch_to"), cov["coupling"]),
+        "new_infections": (("time", "patch"), np.concatenate([nan, data[:, 0]])),
+        "new_deaths": (("time", "patch"), np.concatenate([nan, data[:, 1]])),
+    }
+    for k, v in reference_initial_data(P["u0"]).items():
+        stage = (f"stage_{k.removeprefix('initial_')}",) if v.ndim == 2 else ()
+        dv[k] = ((*stage, "patch"), v)
+    coords = {
+        "time": np.arange(P["t_days"].size),
+        "patch": patches,
+        "patch_to": patches,
+    }
+    return xr.Dataset(dv, coords=coords)
+
+
+def _grad_compile(problem, init, a) -> tuple[float, int]:
+    """Lower + compile time of one `value_and_grad` of calibrate's objective,
+    and the persistent-cache hits while it compiled (0: a real compile)."""
+    import jax
+
+    import epifit
+    from epifit.fitting import FreeParameters, Objective
+    from epifit.simulation import SolverSettings
+
+    settings = SolverSettings(rtol=a.rtol, atol=a.atol, max_steps=4096)
+    objective = Objective(problem, FreeParameters(problem, init), settings)
+    hits = []
+
+    def listen(event, **kw):
+        if event == "/jax/compilation_cache/cache_hits":
+            hits.append(event)
+
+    jax.monitoring.register_event_listener(listen)
+    t = time.perf_counter()
+    epifit.jit(objective.value_and_grad).lower(
+        objective.free.x0, objective.data()
+    ).compile()
+    return time.perf_counter() - t, len(hits)
+
+
+def calibrate_worker(P, fdt, a, rec) -> dict:
+    import jax.numpy as jnp
+    import numpy as np
+    from helpers import params_from_flat
+
+    from epifit.fitting import calibrate
+    from epifit.simulation import Problem
+
+    t = time.perf_counter()
+    problem = Problem(
+        h.ROOT / "models" / "seird_metapop_mobility.toml",
+        reference_dataset(P),
+        dtype=a.dtype,
+    )
+    init = params_from_flat(problem.model, jnp.asarray(P["p_init"], fdt), a.n_patches)
+    rec["setup_s"] = time.perf_counter() - t
+    phase = {
+        "method": "lbfgs",
+        "iterations": a.max_iter,
+        "memory_size": MEMORY_SIZE,
+        "max_linesearch_steps": MAX_LINESEARCH_STEPS,
+    }
+
+    def fit(**kw):
+        return calibrate(
+            problem,
+            init=init,
+            optimizer=[phase],
+            rtol=a.rtol,
+            atol=a.atol,
+            max_steps=4096,
+            # calibrate's tolerances are relative to max(1, |loss|); the
+            # reference loss is < 1, so the benchmark's relative ones become
+            # absolute, at the scale of epifit's final loss (when that worker
+            # ran first)
+            fit={"patience": a.patience},
+            loss_tolerance=a.ftol * a.loss_scale,
+            tolerance=a.gtol * a.loss_scale,
+            uncertainty=False,
+            progress=False,
+            **kw,
+        )
+
+    # compile: one iteration fills the persistent compilation cache, so that
+    # the timed fit below only traces and loads its executables, as a second
+    # `epifit calibrate` of the same model does
+    t = time.perf_counter()
+    fit(max_iterations=1)
+    rec["compile_s"] = time.perf_counter() - t
+    # the warm start-up of a fit: tracing, loading the executables, the first
+    # value-and-gradient, one iteration and the final solve
+    rec["warm_start_s"] = float(fit(max_iterations=1).timing["optimize_s"])
+    t = time.perf_counter()
+    r = fit(time_budget=a.epifit_time_cap)
+    rec["total_s"] = time.perf_counter() - t
+    # the optimiser's time includes the first value-and-gradient and loading
+    # the executables from the cache; the rest of `total_s` is the final solve
+    rec["wall_s"] = float(r.timing["optimize_s"])
+    rec["iterations"] = int(r.iterations)
+    rec["initial_loss"] = float(np.asarray(r.initial_losses)[0])
+    rec["final_loss"] = float(r.loss)
+    rec["best_loss"] = float(np.min(r.loss_history)) if r.iterations else r.loss
+    rec["converged"] = bool(r.converged)
+    rec["status"] = r.message
+    rec["capped"] = "time budget" in r.message
+    losses = np.asarray(r.loss_history, float)
+    # no per-iteration clock inside calibrate: the first iteration ends after
+    # the warm start-up, the others share the rest of the time evenly
+    t1 = min(rec["warm_start_s"], rec["wall_s"])
+    k = np.arange(losses.size)
+    times = t1 + (rec["wall_s"] - t1) * k / max(losses.size - 1, 1)
+    rec["per_evaluation_s"] = None
+    rec["per_iteration_s"] = rec["wall_s"] / max(rec["iterations"], 1)
+    rec["history"] = {"t": times.tolist(), "loss": losses.tolist()}
+    rec["grad_compile_s"], rec["grad_compile_cache_hits"] = _grad_compile(
+        problem, init, a
+    )
+    rec["note"] = (
+        "compile_s: a one-iteration calibrate (cold cache); wall_s: calibrate's "
+        "optimize_s with a warm persistent cache (warm_start_s of it is start-up); "
+        "iteration times spread evenly after the start-up; time_to_result_s = "
+        "compile_s + wall_s counts the start-up twice (at most warm_start_s more "
+        "than one cold fit)"
+    )
+    return rec
