@@ -371,3 +371,36 @@ def test_a_neural_time_input_keeps_the_daily_grid():
     assert tv.breaks is None
     with pytest.raises(ValueError, match=r"'beta' reads the day \(time_input"):
         tv.model.precompute(tv.init_params(), tv.covariates, breaks=(0, 7))
+
+
+def test_both_matrices_of_a_kron_coupling_break_where_they_change():
+    """Strata coupled by `kron(M, C)`: a travel matrix `M` changing every ten
+    days and a contact matrix `C` over ages changing weekly."""
+    from test_strata_coupling import C, M, T, _model_text, travel_data
+
+    floor = 'rule = "floor" }'
+    text = _model_text(
+        **{
+            'contacts = { dims = ["age", "age_to"] }': 'contacts = { dims = ["time", '
+            f'"age", "age_to"], {floor}',
+            'travel = { dims = ["patch", "patch_to"] }': 'travel = { dims = ["time", '
+            f'"patch", "patch_to"], {floor}',
+        }
+    )
+    rng = np.random.default_rng(5)
+    days = np.arange(T)
+    travel = M[None] * rng.uniform(0.5, 1.5, -(-T // 10))[days // 10, None, None]
+    contacts = C[None] * rng.uniform(0.5, 1.5, -(-T // 7))[days // 7, None, None]
+    data = travel_data(travel=travel, contacts=contacts)
+    problem = Problem(loads_model(text, path="models/travel.toml"), data)
+    want = sorted(set(range(0, T, 7)) | set(range(0, T, 10)))
+    assert problem.breaks == tuple(want)
+    merged, daily = solve_both(problem, SolverSettings(rtol=1e-9))
+    assert int(merged.stats["num_input_changes"]) == len(want) - 1
+    np.testing.assert_allclose(merged.ys["I"], daily.ys["I"], rtol=SAME_STEPS)
+    cov = problem.arrays["covariates"]
+    moved = {**cov, "contacts": cov["contacts"].at[3].multiply(2.0)}
+    with pytest.raises(ValueError, match=r"covariate 'contacts' .*changes on day 3,"):
+        problem.solve(
+            problem.init_params(), arrays={**problem.arrays, "covariates": moved}
+        )

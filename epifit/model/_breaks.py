@@ -52,15 +52,17 @@ class Sources(NamedTuple):
 def per_day_sources(spec: ModelSpec, plan: Plan) -> Sources:
     """The time-varying covariates, parameters and neural sub-models that the
     per-day inputs of `plan` read: the names of its slots (a neural
-    sub-model reads its covariate) and the time-varying couplings."""
+    sub-model reads its covariate) and the time-varying couplings (both
+    matrices of a `kron(M, C)`)."""
     names = {n for s in plan.slots for e in s.expressions for n in e.names}
     neural = tuple(n.name for n in spec.neural if n.name in names)
     read = names | {n.covariate for n in spec.neural if n.name in neural}
-    read |= {
-        inf.coupling.covariate
-        for inf in plan.infections
-        if inf.coupling is not None and inf.coupling.time_varying
-    }
+    for inf in plan.infections:
+        c = inf.coupling
+        if c is not None and c.time_varying:
+            read.add(c.covariate)
+        if c is not None and c.contacts_time_varying:  # C of kron(M, C)
+            read.add(c.contacts)
     covariates = tuple(c.name for c in spec.covariates if c.time_varying)
     parameters = tuple(p.name for p in spec.parameters if p.per_time is not None)
     return Sources(
