@@ -163,8 +163,8 @@ def on_breaks(
     horizon: int | None = None,
 ):
     """`(arrays, daily, days)` on the break days: the time-varying covariates
-    and the time-varying parameters' daily values at the days `breaks` (those
-    below `n_days`) and those days, or everything unchanged with
+    the inputs read and the time-varying parameters' daily values at the
+    days `breaks` (those below `n_days`) and those days, or everything unchanged with
     `arange(n_days)` where the breaks are every day. `horizon` is the days
     the time-varying parameters are bound to (their pieces' span).
 
@@ -182,10 +182,15 @@ def on_breaks(
     src = per_day_sources(spec, plan)
     _check_structure(spec, src, b, n_days, n_days if horizon is None else horizon)
     start = b[np.searchsorted(b, np.arange(n_days), side="right") - 1]
+    # Only what the inputs read is gathered, and all of it is checked; a
+    # covariate left daily that reached the inputs would fail loudly
+    # (`PiecewiseConstant` wants len(breaks) rows). An unread neural
+    # sub-model's covariate is gathered unchecked: its rates go nowhere.
+    unread = {n.covariate for n in spec.neural} - set(src.covariates)
     out = dict(arrays)
     checked = {}
     for c in spec.covariates:
-        if not c.time_varying:
+        if not c.time_varying or c.name not in {*src.covariates, *unread}:
             continue
         a = arrays[c.name]
         v = a.values if isinstance(a, SparseCoupling) else a
