@@ -431,15 +431,13 @@ def forecast(
         chunk_size: samples per compiled call (default: by memory and, on
             CPU, by state size; see `epifit.forecasting.default_chunk`).
         observation_noise: the quantiles of each observed series are over the
-            draws and a draw of its family's noise around each draw's
-            expected observations (poisson, negative binomial at the draw's
-            dispersion, gaussian at its sd; at least `NOISE_SAMPLES` noisy
-            samples: several per draw when there are few): the band new
-            data should fall in. False: over the draws' expected
-            observations only. A `least_squares` observation has no noise
-            model and keeps its mean. `estimate_*`, the compartments,
-            `R_eff` and the derived series are noise-free either way; each
-            quantile variable's `bands` attribute says what its band is.
+            draws and its family's noise around each draw's expected
+            observations (poisson; negative binomial, gaussian at the draw's
+            dispersion, sd; at least `NOISE_SAMPLES` noisy samples): the band
+            new data should fall in. False: over the expected observations
+            only (so is a `least_squares` one, which has no noise model).
+            `estimate_*`, compartments, `R_eff` and derived series have no
+            noise; each quantile variable's `bands` attribute says which.
 
     Returns:
         A Dataset with, for every observed series and chosen compartment `s`:
@@ -465,26 +463,9 @@ def forecast(
         FileNotFoundError: a fit file that is missing or not bound to its data.
         RuntimeError: the solve at the point estimate fails in a scenario.
     """
-    prep = prepare_forecast(
-        fit,
-        scenarios,
-        days=days,
-        samples=samples,
-        seed=seed,
-        quantiles=quantiles,
-        compartments=compartments,
-        data=data,
-        params=params,
-        covariance=covariance,
-        baseline=baseline,
-        solver=solver,
-        stepsize_controller=stepsize_controller,
-        rtol=rtol,
-        atol=atol,
-        max_steps=max_steps,
-        observation_noise=observation_noise,
-    )
-    return prep.run(chunk_size=chunk_size)
+    given = dict(locals())  # the arguments: prepare_forecast's and chunk_size
+    chunk_size = given.pop("chunk_size")
+    return prepare_forecast(**given).run(chunk_size=chunk_size)
 
 
 def _empty(scenarios) -> bool:
