@@ -191,7 +191,10 @@ def test_plot_forecast_draws_a_row_per_series_and_names_its_bands(
     assert len(panel.get_lines()) == 3 * 2 + 1  # scenarios x patches, the start
     heading = " ".join(fig._suptitle.get_text().split())  # wrapped to the width
     assert "bands: central 50%, 95% intervals" in heading
-    assert "cases: over 20 parameter draws and Poisson observation noise" in heading
+    assert (
+        "cases, vaccinated: over 20 parameter draws and Poisson observation "
+        "noise; prevalence, per_dose, force: over 20 parameter draws only" in heading
+    )
 
 
 def test_a_series_named_like_a_forecast_variable_is_refused():

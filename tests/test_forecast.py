@@ -212,7 +212,8 @@ def test_round_trip_and_fan_chart(ensemble, tmp_path):
     ]
     assert len(fig.axes[0].collections) == 3 * 2  # scenarios x 50%, 95% bands
     heading = " ".join(fig._suptitle.get_text().split())
-    assert "in_bed, I: over 40 parameter draws only" in heading
+    assert "in_bed: over 40 parameter draws only (least_squares has no" in heading
+    assert "I: over 40 parameter draws only (not observed: no" in heading
     assert back["in_bed"].attrs["bands"] == (
         "40 parameter draws only (least_squares has no noise model: the "
         "expected observations)"
