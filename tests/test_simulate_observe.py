@@ -405,3 +405,27 @@ def test_cli_errors_are_one_line(tmp_path, capsys, extra, message):
     assert main(["simulate", str(SEIR), "--days", "5", "--out", str(out), *extra]) == 2
     assert re.search(message, error_line(capsys))
     assert not out.exists()
+
+
+def test_noise_quantiles_are_scipys():
+    import scipy.stats
+
+    from epifit.simulation import noise_quantile
+
+    mean = np.array([0.0, 0.3, 2.5, 17.0, 123.4, 5e4])
+    for q in (0.025, 0.5, 0.975):
+        np.testing.assert_array_equal(
+            noise_quantile("poisson", q, mean), scipy.stats.poisson.ppf(q, mean)
+        )
+        np.testing.assert_array_equal(
+            noise_quantile("negative_binomial", q, mean, dispersion=3.0),
+            scipy.stats.nbinom.ppf(q, 3.0, 3.0 / (3.0 + mean)),
+        )
+        np.testing.assert_allclose(
+            noise_quantile("gaussian", q, mean + 10.0, sd=2.0),
+            np.maximum(scipy.stats.norm.ppf(q, mean + 10.0, 2.0), 0.0),
+            rtol=1e-12,
+        )
+    assert np.isnan(noise_quantile("poisson", 0.5, [np.nan]))[0]
+    with pytest.raises(ValueError, match=r"a level in \(0, 1\); got 1.5"):
+        noise_quantile("poisson", 1.5, mean)
