@@ -51,8 +51,10 @@ def test_fit_files_carry_the_series(tmp_path):
     out = epifit.simulate(spec, ds)
     for name in ("cases", "vaccinated"):  # the model's own expected counts
         ds[name] = ("time", np.round(out[f"predicted_{name}"].values[:, 0]))
+    model = tmp_path / "vs.toml"  # from a file: FIT.nc keeps its text
+    model.write_text(TEXT)
     fit = epifit.calibrate(
-        spec, ds, max_iterations=2, uncertainty=False, progress=False
+        model, ds, max_iterations=2, uncertainty=False, progress=False
     )
     fit.to_netcdf(tmp_path / "FIT.nc")
     with xr.open_dataset(tmp_path / "FIT.nc") as f:
