@@ -255,7 +255,10 @@ def predictive_bands(ds: xr.Dataset) -> dict[str, tuple[str, Any, Any]]:
         pred = ds.get(f"predicted_{obs.name}")
         if obs.family == "least_squares" or pred is None:
             continue
-        family, kw = noise_of(obs, values, "model")
+        try:
+            family, kw = noise_of(obs, values, "model")
+        except (KeyError, ValueError):  # an sd reading covariates: not in the
+            continue  # file's parameter table, so no band for this series
         lo, hi = (
             pred.copy(data=noise_quantile(family, q, pred.values, **kw))
             for q in ((1 - LEVEL) / 2, (1 + LEVEL) / 2)
