@@ -321,11 +321,13 @@ def _horizon(
     k, p = 1 + int(samples), problem.n_cells
     state = sum(problem.model.stages.values()) * p
     noisy = n_noisy * (k + NOISE_SAMPLES)  # at most, by ceil(NOISE_SAMPLES / k)
+    rows = f"{k} draws x {n_series} series"
+    rows = f"({rows} + {noisy} noisy samples)" if noisy else rows
     check_memory(
         8.0 * horizon.n_days * (2 * (k * n_series + noisy) * p + 3 * state),
         f"days = {days} with {samples} samples",
-        f"{horizon.n_days:.3g} days x (2 x ({k} draws x {n_series} series + "
-        f"{noisy} noisy samples) x {p} patches + 3 x {state} states) x 8 bytes",
+        f"{horizon.n_days:.3g} days x (2 x {rows} x {p} patches + 3 x {state} "
+        "states) x 8 bytes",
         "give fewer days (--days) or samples (--samples)",
     )
     return horizon
