@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import textwrap
 from typing import Any
 
 import numpy as np
@@ -23,6 +24,8 @@ __all__ = ["plot_fit", "select_patches"]
 # the effective reproduction number along the trajectory (a row of panels,
 # with a line at 1; not a weight in choosing the largest patches)
 REFF = "R_eff"
+LEVEL = 0.95  # a fit's predictive band: the central 95% of each point's noise
+FAMILY_NAMES = {"poisson": "Poisson", "negative_binomial": "NB", "gaussian": "Gaussian"}
 
 
 def _derived(ds: xr.Dataset) -> list[str]:
@@ -98,8 +101,13 @@ def plot_fit(
     One block of panels per observed series, then `R_eff` and each derived
     series (`[derived]` reading the state or covariates) where the file has
     them, one panel per patch (small multiples, or the chosen `patches`): the
-    model's prediction as a line and the observations as dots (no bands: the
-    heading says so); for a fit, a last panel with the loss history.
+    model's prediction as a line and the observations as dots; for a fit,
+    a last panel with the loss history. A fit's observed series with a noise
+    model (poisson, negative binomial, gaussian) get the predictive band of
+    that noise at the fitted mean: the central 95% interval of the family
+    (at the fitted dispersion or sd) around each predicted point, without
+    the parameters' uncertainty (a forecast's bands add it); the heading and
+    the legend say so, and least-squares series and simulations have none.
 
     Cost: a file is read whole into memory; drawing makes one matplotlib axes
     per series and patch drawn (at most `max_patches` patches unless chosen),
@@ -130,6 +138,7 @@ def plot_fit(
             f"(time, patch) variables; found {sorted(map(str, ds.data_vars))}"
         )
     chosen, note = select_patches(ds, patches, max_patches)
+    bands = predictive_bands(ds)
     if not chosen:
         chosen = [None]
     ncols = max(1, min(columns, len(chosen)))
@@ -140,10 +149,23 @@ def plot_fit(
     FigureCanvasAgg(fig)
     grid = fig.add_gridspec(nrows, ncols)
     for k, row in enumerate(series):
-        _draw_series(fig, grid, ds, row, chosen, first_row=k * rows_per, legend=k == 0)
+        _draw_series(
+            fig,
+            grid,
+            ds,
+            row,
+            chosen,
+            first_row=k * rows_per,
+            legend=k == 0 or row[0] in bands,
+            band=bands.get(row[0]),
+        )
     if has_loss:
         _draw_loss(fig.add_subplot(grid[nrows - 1, :]), ds)
-    fig.suptitle(_heading(ds, note), fontsize=10)
+    width = max(int(11 * fig.get_figwidth()), 30)  # characters of 10 pt
+    head = "\n".join(
+        textwrap.fill(line, width) for line in _heading(ds, note, bands).splitlines()
+    )
+    fig.suptitle(head, fontsize=10)
     if out is not None:
         save_figure(fig, out)
     return fig
@@ -158,9 +180,12 @@ def _draw_series(
     *,
     first_row: int,
     legend: bool,
+    band: tuple[str, xr.DataArray, xr.DataArray] | None = None,
 ) -> None:
     """One block of panels, one per patch (`None`: no patch dim), from grid row
-    `first_row`: the observations as dots, the prediction as a line."""
+    `first_row`: the observations as dots, the prediction as a line, and
+    `band` `(label, lower, upper)` shaded; with `legend`, a legend in the
+    first panel."""
     title, pred, obs = row
     ncols = grid.ncols
     t = ds[TIME].values
@@ -168,6 +193,13 @@ def _draw_series(
         r, c = first_row + j // ncols, j % ncols
         ax = fig.add_subplot(grid[r, c])
         sel = {} if patch is None else {PATCH: patch}
+        if band is not None:
+            label, lo, hi = band
+            lo, hi = (lo.sel(sel).values, hi.sel(sel).values) if sel else (lo, hi)
+            keep = np.isfinite(lo) & np.isfinite(hi)
+            ax.fill_between(
+                t[keep], lo[keep], hi[keep], color="C0", alpha=0.2, lw=0, label=label
+            )
         if obs is not None:
             y = ds[obs].sel(sel).values if sel else ds[obs].values
             ax.plot(t, y, "o", ms=3, color="0.2", label="observed")
@@ -183,7 +215,7 @@ def _draw_series(
         for label in ax.get_xticklabels():
             label.set_rotation(30)
         if j == 0 and legend:
-            ax.legend(fontsize=7, frameon=False)
+            ax.legend(fontsize=6.5, frameon=False)
 
 
 def _draw_loss(ax: Any, ds: xr.Dataset) -> None:
@@ -205,8 +237,51 @@ def _draw_loss(ax: Any, ds: xr.Dataset) -> None:
     ax.tick_params(labelsize=7)
 
 
-def _heading(ds: xr.Dataset, note: str) -> str:
-    """`model (fit): loss 1.23; note` from the file's attributes."""
+def predictive_bands(ds: xr.Dataset) -> dict[str, tuple[str, Any, Any]]:
+    """Per observed series of a fit (`epifit_kind = "fit"`) with a noise
+    model: `(label, lower, upper)`, the central `LEVEL` interval of its
+    family at the fitted mean (`predicted_NAME`) and the fitted dispersion
+    or sd (`epifit.simulation.noise_quantile`). None for a least-squares
+    series, a simulation, or a file without its model text."""
+    if ds.attrs.get("epifit_kind") != "fit" or not ds.attrs.get("model_text"):
+        return {}
+    from epifit.model import loads_model
+    from epifit.simulation import noise_of, noise_quantile
+
+    spec = loads_model(str(ds.attrs["model_text"]), path="FIT.nc model_text")
+    values = _fitted_values(ds)
+    out = {}
+    for obs in spec.observations:
+        pred = ds.get(f"predicted_{obs.name}")
+        if obs.family == "least_squares" or pred is None:
+            continue
+        try:
+            family, kw = noise_of(obs, values, "model")
+        except (KeyError, ValueError):  # an sd reading covariates: not in the
+            continue  # file's parameter table, so no band for this series
+        lo, hi = (
+            pred.copy(data=noise_quantile(family, q, pred.values, **kw))
+            for q in ((1 - LEVEL) / 2, (1 + LEVEL) / 2)
+        )
+        label = f"{100 * LEVEL:g}% {FAMILY_NAMES[family]} interval at the fit"
+        out[obs.name] = (label, lo, hi)
+    return out
+
+
+def _fitted_values(ds: xr.Dataset) -> dict[str, np.ndarray]:
+    """The fitted values by parameter name from the file's table (`estimate`
+    per `parameter`), per-patch ones as `(patch,)` arrays."""
+    names = [str(v) for v in ds["parameter_name"].values]
+    estimates = np.asarray(ds["estimate"].values, float)
+    out: dict[str, list[float]] = {}
+    for name, v in zip(names, estimates, strict=True):
+        out.setdefault(name, []).append(float(v))
+    return {k: np.asarray(v[0] if len(v) == 1 else v) for k, v in out.items()}
+
+
+def _heading(ds: xr.Dataset, note: str, bands: dict | None = None) -> str:
+    """`model (fit): loss 1.23; note` from the file's attributes, and what
+    the lines, dots and bands are."""
     kind = ds.attrs.get("epifit_kind", "simulation")
     head = f"{ds.attrs.get('model', '')} ({kind})"
     if kind == "fit" and "loss" in ds.attrs:
@@ -214,4 +289,12 @@ def _heading(ds: xr.Dataset, note: str) -> str:
     if note:
         head += f"; {note}"
     line = "the model at the fitted parameters" if kind == "fit" else "the simulation"
-    return f"{head}\nlines: {line}; dots: observations; no uncertainty bands"
+    if bands:
+        shaded = (
+            f"shaded: the central {100 * LEVEL:g}% interval of each observation's "
+            f"noise at the fitted mean ({', '.join(bands)}; without parameter "
+            "uncertainty)"
+        )
+    else:
+        shaded = "no uncertainty bands"
+    return f"{head}\nlines: {line}; dots: observations; {shaded}"

@@ -51,8 +51,10 @@ def test_fit_files_carry_the_series(tmp_path):
     out = epifit.simulate(spec, ds)
     for name in ("cases", "vaccinated"):  # the model's own expected counts
         ds[name] = ("time", np.round(out[f"predicted_{name}"].values[:, 0]))
+    model = tmp_path / "vs.toml"  # from a file: FIT.nc keeps its text
+    model.write_text(TEXT)
     fit = epifit.calibrate(
-        spec, ds, max_iterations=2, uncertainty=False, progress=False
+        model, ds, max_iterations=2, uncertainty=False, progress=False
     )
     fit.to_netcdf(tmp_path / "FIT.nc")
     with xr.open_dataset(tmp_path / "FIT.nc") as f:
@@ -73,7 +75,13 @@ def test_fit_files_carry_the_series(tmp_path):
         "per_dose — p0",
         "loss history",
     ]
-    assert "no uncertainty bands" in fig._suptitle.get_text()
+    heading = " ".join(fig._suptitle.get_text().split())
+    assert (
+        "shaded: the central 95% interval of each observation's noise at the "
+        "fitted mean (cases, vaccinated; without parameter uncertainty)" in heading
+    )
+    handles, labels = fig.axes[0].get_legend_handles_labels()
+    assert labels[0] == "95% Poisson interval at the fit"
 
 
 def test_a_series_cannot_feed_another_expression():
@@ -176,15 +184,19 @@ def test_plot_forecast_draws_a_row_per_series_and_names_its_bands(
     assert png.read_bytes()[:4] == b"\x89PNG"
     fig = plot_forecast(path, patches=["south"])
     titles = [ax.get_title() for ax in fig.axes]
-    for scenario in ("baseline", "half", "nodose"):
-        assert f"{scenario}: force — south" in titles
-        # no sum over patches: the row for all patches draws each patch's median
-        assert f"{scenario}: prevalence — median of each patch" in titles
-        assert f"{scenario}: cases — all patches" in titles
-    panel = fig.axes[titles.index("half: prevalence — median of each patch")]
-    assert len(panel.get_lines()) == 2 + 1  # two patches, the forecast start
+    # one panel per series and area, the three scenarios overlaid
+    assert "force — south (draws only)" in titles
+    # no sum over patches: the panel for all patches draws each patch's median
+    assert "prevalence — median of each patch" in titles
+    assert "cases — all patches (draws + Poisson noise)" in titles
+    panel = fig.axes[titles.index("prevalence — median of each patch")]
+    assert len(panel.get_lines()) == 3 * 2 + 1  # scenarios x patches, the start
     heading = " ".join(fig._suptitle.get_text().split())  # wrapped to the width
-    assert "bands: central 50%, 95% intervals over 20 parameter draws" in heading
+    assert "bands: central 50%, 95% intervals" in heading
+    assert (
+        "cases, vaccinated: over 20 parameter draws and Poisson observation "
+        "noise; prevalence, per_dose, force: over 20 parameter draws only" in heading
+    )
 
 
 def test_a_series_named_like_a_forecast_variable_is_refused():

@@ -205,7 +205,19 @@ def test_round_trip_and_fan_chart(ensemble, tmp_path):
     ]
     fig = plot_forecast(back, tmp_path / "fan.png", series=["in_bed", "I"])
     assert (tmp_path / "fan.png").stat().st_size > 10_000
-    assert len(fig.axes) == 2 * 3  # two series x three scenarios
+    # one panel per series (one patch: no total), the scenarios overlaid
+    assert [ax.get_title() for ax in fig.axes] == [
+        "in_bed — p0 (draws only)",
+        "I — p0 (draws only)",
+    ]
+    assert len(fig.axes[0].collections) == 3 * 2  # scenarios x 50%, 95% bands
+    heading = " ".join(fig._suptitle.get_text().split())
+    assert "in_bed: over 40 parameter draws only (least_squares has no" in heading
+    assert "I: over 40 parameter draws only (not observed: no" in heading
+    assert back["in_bed"].attrs["bands"] == (
+        "40 parameter draws only (least_squares has no noise model: the "
+        "expected observations)"
+    )
     with pytest.raises(ValueError, match=r"Unknown series \['cases'\]"):
         plot_forecast(back, series=["cases"])
 
@@ -254,6 +266,13 @@ def test_cli_forecast_and_plot(fit_file, tmp_path, capsys):
     assert epifit.open_dataset(out)["quantile"].values.tolist() == [0.1, 0.5, 0.9]
     rc = main(["plot", str(out), "--out", str(tmp_path / "fan.png")])
     assert rc == 0 and (tmp_path / "fan.png").exists()
+    rc = main([*argv, "--out", str(out), "--no-observation-noise"])
+    ds = epifit.open_dataset(out)
+    assert rc == 0 and ds.attrs["command"].endswith("--no-observation-noise")
+    assert ds.attrs["observation_noise_enabled"] == 0
+    assert ds["in_bed"].attrs["bands"] == (
+        "12 parameter draws only (observation noise off: the expected observations)"
+    )
 
 
 def test_cli_errors(fit_file, tmp_path, capsys):

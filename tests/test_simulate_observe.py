@@ -14,7 +14,7 @@ import xarray as xr
 import epifit
 from epifit.cli import main
 from epifit.simulation import Problem, load_params
-from epifit.simulation._noise import noise_of, observation_key, sample
+from epifit.simulation._noise import noise_of, observation_key, sample_noise
 
 REPO = Path(__file__).resolve().parents[1]
 SEIR = REPO / "models" / "seir.toml"
@@ -135,14 +135,14 @@ def check_moments(y, mean, var):
 
 
 def test_poisson_moments():
-    y = sample(observation_key(0, 0), "poisson", np.full(N_DRAWS, 7.5))
+    y = sample_noise(observation_key(0, 0), "poisson", np.full(N_DRAWS, 7.5))
     assert y.dtype == np.float64 and np.array_equal(y, np.round(y))
     check_moments(y, 7.5, 7.5)
 
 
 def test_negative_binomial_moments():
     mean, phi = 20.0, 3.0
-    y = sample(
+    y = sample_noise(
         observation_key(0, 1),
         "negative_binomial",
         np.full(N_DRAWS, mean),
@@ -154,10 +154,10 @@ def test_negative_binomial_moments():
 
 def test_gaussian_moments_and_per_patch_sd():
     # mean 25 sd from 0: the clip at 0 never acts
-    y = sample(observation_key(0, 2), "gaussian", np.full(N_DRAWS, 100.0), sd=4.0)
+    y = sample_noise(observation_key(0, 2), "gaussian", np.full(N_DRAWS, 100.0), sd=4.0)
     check_moments(y, 100.0, 16.0)
     # a (patch,) sd broadcasts over (stamp, patch)
-    y = sample(
+    y = sample_noise(
         observation_key(0, 3),
         "gaussian",
         np.full((N_DRAWS, 2), 100.0),
@@ -169,12 +169,12 @@ def test_gaussian_moments_and_per_patch_sd():
 
 def test_draws_are_reproducible_by_seed_and_clip_at_zero():
     mean = np.linspace(0.0, 50.0, 100)
-    a = sample(observation_key(7, 0), "poisson", mean)
-    assert np.array_equal(a, sample(observation_key(7, 0), "poisson", mean))
-    assert not np.array_equal(a, sample(observation_key(8, 0), "poisson", mean))
-    assert not np.array_equal(a, sample(observation_key(7, 1), "poisson", mean))
+    a = sample_noise(observation_key(7, 0), "poisson", mean)
+    assert np.array_equal(a, sample_noise(observation_key(7, 0), "poisson", mean))
+    assert not np.array_equal(a, sample_noise(observation_key(8, 0), "poisson", mean))
+    assert not np.array_equal(a, sample_noise(observation_key(7, 1), "poisson", mean))
     assert a[0] == 0.0  # a mean of 0 draws 0
-    g = sample(observation_key(7, 0), "gaussian", np.zeros(1000), sd=1.0)
+    g = sample_noise(observation_key(7, 0), "gaussian", np.zeros(1000), sd=1.0)
     assert g.min() == 0.0 and (g > 0).mean() == pytest.approx(0.5, abs=0.07)
 
 
@@ -405,3 +405,27 @@ def test_cli_errors_are_one_line(tmp_path, capsys, extra, message):
     assert main(["simulate", str(SEIR), "--days", "5", "--out", str(out), *extra]) == 2
     assert re.search(message, error_line(capsys))
     assert not out.exists()
+
+
+def test_noise_quantiles_are_scipys():
+    import scipy.stats
+
+    from epifit.simulation import noise_quantile
+
+    mean = np.array([0.0, 0.3, 2.5, 17.0, 123.4, 5e4])
+    for q in (0.025, 0.5, 0.975):
+        np.testing.assert_array_equal(
+            noise_quantile("poisson", q, mean), scipy.stats.poisson.ppf(q, mean)
+        )
+        np.testing.assert_array_equal(
+            noise_quantile("negative_binomial", q, mean, dispersion=3.0),
+            scipy.stats.nbinom.ppf(q, 3.0, 3.0 / (3.0 + mean)),
+        )
+        np.testing.assert_allclose(
+            noise_quantile("gaussian", q, mean + 10.0, sd=2.0),
+            np.maximum(scipy.stats.norm.ppf(q, mean + 10.0, 2.0), 0.0),
+            rtol=1e-12,
+        )
+    assert np.isnan(noise_quantile("poisson", 0.5, [np.nan]))[0]
+    with pytest.raises(ValueError, match=r"a level in \(0, 1\); got 1.5"):
+        noise_quantile("poisson", 1.5, mean)

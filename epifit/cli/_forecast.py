@@ -50,6 +50,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         type=_flags.count,
         help="samples per compiled call (default by memory)",
     )
+    p.add_argument(
+        "--no-observation-noise",
+        action="store_true",
+        help="bands of the observed series over the parameter draws only (the "
+        "expected observations); default: draws and each observation's noise "
+        "(poisson, negative binomial, gaussian), the band new data fall in",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
 
@@ -77,12 +84,14 @@ def _run(a) -> int:
             compartments=_list(a.compartments),
             data=data,
             chunk_size=a.chunk_size,
+            observation_noise=not a.no_observation_noise,
         )
         ds.attrs["command"] = " ".join(
             ["epifit forecast", a.fit]
             + ([f"--scenarios {a.scenarios}"] if a.scenarios else [])
             + [f"--days {ds.attrs['days']}", f"--samples {a.samples}"]
             + [f"--seed {a.seed}", f"--out {a.out}"]
+            + (["--no-observation-noise"] if a.no_observation_noise else [])
         )
         write_dataset(ds, out)
     summary = forecast_summary(ds)
@@ -97,6 +106,12 @@ def _run(a) -> int:
         f"forecast of '{summary['model']}': {summary['days']} days from "
         f"{summary['forecast_start']}, {summary['samples']} draws (seed "
         f"{summary['seed']}); totals over patches, {med} quantile [{lo}, {hi}]"
+    )
+    noise = {k: v for k, v in summary["observation_noise"].items() if v != "none"}
+    print(
+        "observation noise: "
+        + (", ".join(f"{k} {v}" for k, v in noise.items()) or "none")
+        + " (on top of the draws, in the observed series' quantiles)"
     )
     for name, rec in summary["scenarios"].items():
         failed = rec.pop("failed_samples")

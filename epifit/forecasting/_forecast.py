@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,19 @@ from epifit.forecasting._ensemble import (
 )
 from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
+from epifit.forecasting._predictive import (
+    NOISE_SAMPLES,
+    NoisePlan,
+    label_bands,
+    noise_plan,
+)
 from epifit.forecasting._reported import check_reported
 from epifit.forecasting._scenario import ScenarioSet, ScenariosLike, as_scenarios
+from epifit.forecasting._settings import settings_attrs, solver_settings
 from epifit.forecasting._summary import finite_samples, summarize
 from epifit.model import has_reproduction_number
-from epifit.ode import AbstractSolver, AbstractStepSizeController, PIDController
-from epifit.simulation import SOLVERS, Problem, SolverSettings
+from epifit.ode import AbstractSolver, AbstractStepSizeController
+from epifit.simulation import Problem
 
 __all__ = [
     "DEFAULT_QUANTILES",
@@ -85,37 +92,6 @@ def _resolve_fit(fit, params, covariance, data):
     )
 
 
-def _solver_settings(
-    stored: Mapping[str, Any], solver, controller, rtol, atol, max_steps
-) -> SolverSettings:
-    """The solve's settings: the arguments given, else the fit's `stored`
-    settings (its solver by class name, tolerances and step budget), else
-    `SolverSettings`' defaults."""
-    if solver is None:
-        name = str(stored.get("solver") or "Tsit5")
-        cls = SOLVERS.get(name.lower())
-        if cls is None:
-            raise ValueError(
-                f"The fit's solver {name!r} is not an epifit.ode solver; pass "
-                "solver= (e.g. epifit.ode.Tsit5())."
-            )
-        solver = cls()
-    if not isinstance(solver, AbstractSolver):
-        raise TypeError(f"solver must be an epifit.ode solver; got {solver!r}.")
-    if controller is not None and (rtol is not None or atol is not None):
-        raise ValueError("Give rtol/atol or a stepsize_controller, not both.")
-    keys = ("rtol", "atol", "max_steps")
-    fitted = {k: stored[k] for k in keys if stored.get(k) is not None}
-    return SolverSettings.of(
-        fitted,
-        solver=solver,
-        stepsize_controller=controller,
-        rtol=rtol,
-        atol=atol,
-        max_steps=max_steps,
-    )
-
-
 @dataclasses.dataclass
 class PreparedForecast:
     """A forecast checked and set up, ready to run (see [`prepare_forecast`][]).
@@ -129,6 +105,8 @@ class PreparedForecast:
         samples: the number of draws.
         observations, compartments: the series reported.
         attrs: provenance attributes.
+        noise: the observation noise of the observed series.
+        seed: the forecast's seed (of the draws and of the noise).
     """
 
     problem: Problem
@@ -142,6 +120,8 @@ class PreparedForecast:
     observations: tuple[str, ...]
     compartments: tuple[str, ...]
     attrs: dict[str, Any]
+    noise: NoisePlan
+    seed: int
 
     def scenario_data(self) -> Iterator[dict[str, Any]]:
         """Each scenario's data, made when needed (bounded memory)."""
@@ -170,6 +150,8 @@ class PreparedForecast:
         series_names = (*observations, *compartments, *cfg.levels, *cfg.derived)
         keys = {"first_rows": cfg.first_rows, "derived": cfg.derived}
         per_scenario, estimates, failed = [], [], []
+        theta = self.noise.parameters(cfg, self.xs, self.template)
+        index = {o.name: i for i, o in enumerate(cfg.model.spec.observations)}
         for name, (series, results) in zip(bound.names, runs, strict=True):
             finite = finite_samples(series, **keys)
             ok = (results == 0) & finite
@@ -186,6 +168,14 @@ class PreparedForecast:
                 s: series[s][pick] if use.all() else series[s][pick][use]
                 for s in series
             }
+            rows = np.arange(len(self.xs))[pick]
+            rows = rows if use.all() else rows[use]
+            chosen = self.noise.add_noise(
+                chosen,
+                {n: {k: v[rows] for k, v in d.items()} for n, d in theta.items()},
+                seed=self.seed,
+                index=index,
+            )
             failed.append(int(np.sum(~ok[1:])))
             if samples and not np.any(use):
                 warnings.warn(
@@ -195,7 +185,7 @@ class PreparedForecast:
                     stacklevel=2,
                 )
             per_scenario.append(summarize(chosen, quantiles=q, start=n_fit, **keys))
-        return forecast_dataset(
+        ds = forecast_dataset(
             problem=self.problem,
             bound=bound,
             horizon=self.horizon,
@@ -209,6 +199,8 @@ class PreparedForecast:
             levels=cfg.levels,
             derived=cfg.derived,
         )
+        kinds = {s: "observed" if s in observations else "" for s in series_names}
+        return label_bands(ds, self.noise.bands(kinds, samples))
 
 
 def prepare_forecast(
@@ -229,6 +221,7 @@ def prepare_forecast(
     rtol: float | None = None,
     atol: float | None = None,
     max_steps: int | None = None,
+    observation_noise: bool = True,
 ) -> PreparedForecast:
     """Check a forecast's inputs, bind its scenarios and draw its samples,
     without running anything: `prepare_forecast(...).run()` is
@@ -246,15 +239,16 @@ def prepare_forecast(
         )
     q = _check_numbers(days, samples, seed, quantiles)
     model = problem.model
+    noise = noise_plan(model, observation_noise)
     observations = tuple(o.name for o in model.spec.observations)
     compartments = check_reported(model, tuple(compartments), observations)
     n_series = len(observations + compartments + tuple(model.spec.series))
     n_series += has_reproduction_number(model)  # R_eff and R_eff_total
-    horizon = _horizon(problem, days, samples, n_series)
+    horizon = _horizon(problem, days, samples, n_series, len(noise.noisy))
     bound = _bind(problem, params, sset, horizon, baseline)
     template, static = param_template(model, params)
     xs = _draws(problem, template, fit_obj, cov, samples, seed)
-    settings = _solver_settings(
+    settings = solver_settings(
         stored, solver, stepsize_controller, rtol, atol, max_steps
     )
     controller = settings.controller
@@ -278,7 +272,8 @@ def prepare_forecast(
         **prov,
         "samples": int(samples),
         "seed": int(seed),
-        **_settings_attrs(settings.solver, controller, settings.max_steps),
+        **settings_attrs(settings.solver, controller, settings.max_steps),
+        **noise.attrs(),
         "scenarios_file": sset.source or "",
         **({"scenarios_sha256": sha} if sha else {}),
     }
@@ -294,6 +289,8 @@ def prepare_forecast(
         observations=observations,
         compartments=compartments,
         attrs=attrs,
+        noise=noise,
+        seed=int(seed),
     )
 
 
@@ -310,9 +307,12 @@ def _check_numbers(days, samples, seed, quantiles) -> np.ndarray:
     return q
 
 
-def _horizon(problem: Problem, days: int, samples: int, n_series: int) -> Horizon:
+def _horizon(
+    problem: Problem, days: int, samples: int, n_series: int, n_noisy: int
+) -> Horizon:
     """The data's days and `days` forecast days after them, checked to fit in
-    memory: a scenario's series for every draw and a solve's states, per day."""
+    memory: a scenario's series for every draw (and the `n_noisy` series'
+    noisy copies, `NOISE_SAMPLES` or more) and a solve's states, per day."""
     n_fit = int(problem.ts.size)
     first = None if problem.dates is None else np.datetime64(problem.dates[0], "D")
     horizon = Horizon(n_fit=n_fit, n_days=n_fit + int(days), first_date=first)
@@ -320,11 +320,14 @@ def _horizon(problem: Problem, days: int, samples: int, n_series: int) -> Horizo
         raise ValueError("A forecast needs at least 2 days in all; give days >= 1.")
     k, p = 1 + int(samples), problem.n_cells
     state = sum(problem.model.stages.values()) * p
+    noisy = n_noisy * (k + NOISE_SAMPLES)  # at most, by ceil(NOISE_SAMPLES / k)
+    rows = f"{k} draws x {n_series} series"
+    rows = f"({rows} + {noisy} noisy samples)" if noisy else rows
     check_memory(
-        8.0 * horizon.n_days * (2 * k * n_series * p + 3 * state),
+        8.0 * horizon.n_days * (2 * (k * n_series + noisy) * p + 3 * state),
         f"days = {days} with {samples} samples",
-        f"{horizon.n_days:.3g} days x (2 x {k} draws x {n_series} series x {p} "
-        f"patches + 3 x {state} states) x 8 bytes",
+        f"{horizon.n_days:.3g} days x (2 x {rows} x {p} patches + 3 x {state} "
+        "states) x 8 bytes",
         "give fewer days (--days) or samples (--samples)",
     )
     return horizon
@@ -374,20 +377,6 @@ def _draws(problem: Problem, template, fit_obj, cov, samples, seed) -> np.ndarra
     return np.concatenate([x_hat[None, :], draws])
 
 
-def _settings_attrs(solver, controller, max_steps) -> dict[str, Any]:
-    """The solve's provenance attributes."""
-    return {
-        "solver": type(solver).__name__,
-        "stepsize_controller": type(controller).__name__,
-        **(
-            {"rtol": float(controller.rtol), "atol": float(controller.atol)}
-            if isinstance(controller, PIDController)
-            else {}
-        ),
-        "max_steps": max_steps,
-    }
-
-
 def forecast(
     fit: FitResult | str | os.PathLike | Problem,
     scenarios: ScenariosLike = (),
@@ -407,6 +396,7 @@ def forecast(
     atol: float | None = None,
     max_steps: int | None = None,
     chunk_size: int | None = None,
+    observation_noise: bool = True,
 ) -> xr.Dataset:
     """Run scenarios over the uncertainty of a fitted model.
 
@@ -442,6 +432,14 @@ def forecast(
             (default: the fit's settings, Tsit5 with rtol 1e-6, atol 1e-9).
         chunk_size: samples per compiled call (default: by memory and, on
             CPU, by state size; see `epifit.forecasting.default_chunk`).
+        observation_noise: the quantiles of each observed series are over the
+            draws and its family's noise around each draw's expected
+            observations (poisson; negative binomial, gaussian at the draw's
+            dispersion, sd; at least `NOISE_SAMPLES` noisy samples): the band
+            new data should fall in. False: over the expected observations
+            only (so is a `least_squares` one, which has no noise model).
+            `estimate_*`, compartments, `R_eff` and derived series have no
+            noise; each quantile variable's `bands` attribute says which.
 
     Returns:
         A Dataset with, for every observed series and chosen compartment `s`:
@@ -467,25 +465,9 @@ def forecast(
         FileNotFoundError: a fit file that is missing or not bound to its data.
         RuntimeError: the solve at the point estimate fails in a scenario.
     """
-    prep = prepare_forecast(
-        fit,
-        scenarios,
-        days=days,
-        samples=samples,
-        seed=seed,
-        quantiles=quantiles,
-        compartments=compartments,
-        data=data,
-        params=params,
-        covariance=covariance,
-        baseline=baseline,
-        solver=solver,
-        stepsize_controller=stepsize_controller,
-        rtol=rtol,
-        atol=atol,
-        max_steps=max_steps,
-    )
-    return prep.run(chunk_size=chunk_size)
+    given = dict(locals())  # the arguments: prepare_forecast's and chunk_size
+    chunk_size = given.pop("chunk_size")
+    return prepare_forecast(**given).run(chunk_size=chunk_size)
 
 
 def _empty(scenarios) -> bool:

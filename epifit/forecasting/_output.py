@@ -211,6 +211,7 @@ def forecast_summary(ds: xr.Dataset) -> dict[str, Any]:
         "days": int(ds.attrs.get("days", 0)),
         "forecast_start": ds.attrs.get("forecast_start"),
         "quantiles": levels,
+        "observation_noise": json.loads(ds.attrs.get("observation_noise", "{}")),
         "scenarios": {},
     }
     for name in ds[SCENARIO].values:

@@ -21,6 +21,10 @@ from epifit._lazy import lazy_exports
 _EXPORTS = {
     "ADJOINTS": "epifit.simulation._settings",
     "OBSERVE": "epifit.simulation._noise",
+    "noise_of": "epifit.simulation._noise",
+    "noise_quantile": "epifit.simulation._noise",
+    "observation_key": "epifit.simulation._noise",
+    "sample_noise": "epifit.simulation._noise",
     "SOLVERS": "epifit.simulation._settings",
     "SolverSettings": "epifit.simulation._settings",
     "ModelRun": "epifit.simulation._run",
@@ -42,6 +46,10 @@ __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 if TYPE_CHECKING:  # for type checkers and editors
     from epifit.simulation._noise import OBSERVE as OBSERVE
+    from epifit.simulation._noise import noise_of as noise_of
+    from epifit.simulation._noise import noise_quantile as noise_quantile
+    from epifit.simulation._noise import observation_key as observation_key
+    from epifit.simulation._noise import sample_noise as sample_noise
     from epifit.simulation._problem import Problem as Problem
     from epifit.simulation._run import ModelRun as ModelRun
     from epifit.simulation._settings import ADJOINTS as ADJOINTS

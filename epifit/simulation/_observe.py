@@ -2,7 +2,7 @@
 a dated time axis, noisy series under the observations' own names, and the
 inputs the model reads, so that the file is data for `calibrate`.
 
-Cost: one draw per compared point (see `_noise.sample`) and a copy of the
+Cost: one draw per compared point (see `_noise.sample_noise`) and a copy of the
 covariates and initial-state variables, linear in their size.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, PATCH_TO, TIME, DataError
-from epifit.simulation._noise import noise_of, observation_key, sample
+from epifit.simulation._noise import noise_of, observation_key, sample_noise
 from epifit.simulation._problem import Problem
 
 __all__ = ["DEFAULT_START", "add_observations", "parse_start", "set_dates"]
@@ -77,7 +77,7 @@ def add_observations(
         families[obs.name] = family
         stamps = problem.stamps[obs.name]
         predicted = ds[f"predicted_{obs.name}"]
-        drawn = sample(
+        drawn = sample_noise(
             observation_key(seed, index),
             family,
             predicted.values[stamps.days],
