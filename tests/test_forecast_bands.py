@@ -199,3 +199,34 @@ def test_observation_noise_must_be_a_bool(tmp_path):
     problem = Problem(path, epifit.simulate(path, inputs(), days=5, observe="model"))
     with pytest.raises(TypeError, match="observation_noise must be True or False"):
         forecast(problem, days=3, samples=0, observation_noise="no")
+
+
+def test_the_fan_chart_says_what_its_bands_are(run, tmp_path):
+    from epifit.forecasting import plot_forecast
+
+    _, ds = run("poisson")
+    fig = plot_forecast(ds, tmp_path / "fan.png", patches=["p00", "p59"])
+    titles = [ax.get_title() for ax in fig.axes]
+    assert titles[:3] == [
+        "cases — all patches (draws + Poisson noise)",
+        "cases — p00 (draws + Poisson noise)",
+        "cases — p59 (draws + Poisson noise)",
+    ]
+    heading = " ".join(fig._suptitle.get_text().split())
+    assert "cases: over 20 parameter draws and Poisson observation noise" in heading
+    # the legend is the figure's, below the panels, not on the data
+    assert len(fig.legends) == 1 and all(ax.get_legend() is None for ax in fig.axes)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:3] == ["baseline (median)", "95% interval", "50% interval"]
+    # the y axis spans the forecast window's bands (8% margin), not the data
+    hi = ds["cases"].sel(scenario="baseline", quantile=0.975).values[N_FIT:, -1]
+    lo = ds["cases"].sel(scenario="baseline", quantile=0.025).values[N_FIT:, -1]
+    top = hi.max() + 0.08 * (hi.max() - lo.min())
+    assert fig.axes[2].get_ylim()[1] == pytest.approx(top, rel=1e-12)
+    earlier = ds["observed_cases"].values[:N_FIT, -1]
+    # the peak was in the fit window, above the forecast's scale: its days are
+    # marked on the top edge
+    assert np.nanmax(earlier) > top
+    marks = [ln for ln in fig.axes[2].get_lines() if ln.get_marker() == "^"]
+    assert len(marks) == 1 and np.all(marks[0].get_ydata() == top)
+    assert len(marks[0].get_xdata()) == np.sum(earlier > top)
