@@ -190,24 +190,37 @@ def valid_models(draw):
 
 def random_covariates(model, n_patches, rng, n_days=3):
     sizes = {"time": n_days, "patch": n_patches, "patch_to": n_patches}
+    strata = model.spec.strata
+    if strata is not None:
+        sizes |= {strata.name: strata.size, strata.to: strata.size}
     in_sizes = {n.covariate: n.in_size - int(n.time_input) for n in model.spec.neural}
     out = {}
     for c in model.covariates:
+        dims = c.data_dims or c.dims  # as the data holds it
         shape = tuple(
-            in_sizes.get(c.name, 1) if d == "feature" else sizes[d] for d in c.dims
+            in_sizes.get(c.name, 1) if d == "feature" else sizes[d] for d in dims
         )
-        out[c.name] = rng.uniform(0.0, 1.0, size=shape)
+        x = rng.uniform(0.0, 1.0, size=shape)
+        if strata is not None and strata.name in dims and "patch" in dims:
+            # (.., patch, stratum) onto the cells, patch-major, as Problem does
+            x = x.reshape(*shape[: dims.index("patch")], -1)
+        out[c.name] = x
     return out
 
 
 def evaluate(model, n_patches, seed):
+    # bound as Problem binds it: a stratified model's per-stratum values
+    # are tiled over the patches onto the cells (patch-major)
+    model = model.bind_patches(n_patches)
+    n_cells = n_patches * model.n_strata
     rng = np.random.default_rng(seed)
     params = model.init_params(n_patches, key=jax.random.key(seed))
-    args, inputs = model.precompute(params, random_covariates(model, n_patches, rng))
+    covariates = random_covariates(model, n_patches, rng)
+    args, inputs = model.precompute(params, covariates, n_cells)
     u = None if inputs is None else jtu.tree_map(lambda v: v[1], inputs.values)
     y = {
         c: jnp.asarray(rng.uniform(0.0, 1.0, size=s))
-        for c, s in model.state_shapes(n_patches).items()
+        for c, s in model.state_shapes(n_cells).items()
     }
     return y, model.vector_field(1.2, y, args, u), params
 
