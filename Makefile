@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/calibrate.py --json out/bench_calibrate.json
 	if [ -f benchmarks/forecast.py ]; then \
 	  $(BIN)/python benchmarks/forecast.py --json out/bench_forecast.json; fi
+	$(BIN)/python benchmarks/coverage.py --json out/bench_coverage.json
 
 clean:
 	rm -rf $(VENV) out .pytest_cache

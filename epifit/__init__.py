@@ -27,6 +27,8 @@ _EXPORTS = {
     "Problem": "epifit.simulation",
     "calibrate": "epifit.fitting",
     "simulate": "epifit.simulation",
+    "sample": "epifit.sampling",
+    "Posterior": "epifit.sampling",
     "forecast": "epifit.forecasting",
     "ModelBuilder": "epifit.model",
     "ModelSpecError": "epifit.model",
@@ -56,5 +58,7 @@ if TYPE_CHECKING:  # for type checkers and editors
     from epifit.model import load_model as load_model
     from epifit.ode import SolverError as SolverError
     from epifit.ode import solve as solve
+    from epifit.sampling import Posterior as Posterior
+    from epifit.sampling import sample as sample
     from epifit.simulation import Problem as Problem
     from epifit.simulation import simulate as simulate

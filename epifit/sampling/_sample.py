@@ -1,0 +1,200 @@
+"""`sample`: NUTS over a fit's free parameters, from its MAP."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+from epifit.fitting import FitResult, calibrate, fit_config, resolve_fit
+from epifit.sampling._checkpoint import chain_checkpoint
+from epifit.sampling._density import LogDensity
+from epifit.sampling._nuts import (
+    NutsSettings,
+    Programs,
+    initial_inverse_mass,
+    run_chain,
+    start_points,
+)
+from epifit.sampling._posterior import Posterior, posterior_data
+from epifit.simulation import Problem
+
+__all__ = ["sample"]
+
+
+def sample(
+    model_or_problem=None,
+    data=None,
+    *,
+    fit: str | os.PathLike | Mapping[str, Any] | None = None,
+    init: FitResult | str | os.PathLike | None = None,
+    chains: int = 4,
+    warmup: int = 500,
+    draws: int = 1000,
+    seed: int = 0,
+    mass_matrix: str = "diagonal",
+    target_accept: float = 0.8,
+    max_tree_depth: int = 10,
+    chunk: int = 50,
+    checkpoint: str | os.PathLike | None = None,
+    resume: bool = False,
+    progress: bool | str = "auto",
+) -> Posterior:
+    """Posterior draws of a model's free parameters by NUTS (blackjax).
+
+    The log posterior is calibrate's objective, negated (the observations'
+    log-likelihood plus the fit configuration's log-priors), on the
+    unconstrained free vector, plus the log-Jacobian of each prior'd
+    parameter's transform (a prior is a density of the constrained value).
+    Each chain adapts its step size and mass matrix by blackjax's window
+    adaptation (`warmup` iterations, Stan's schedule), then draws `draws`
+    samples. Chains start from draws of the Laplace approximation at the MAP
+    (which `init`, a `FitResult` or `FIT.nc`, gives; else `calibrate` finds
+    it first) and run one after another; the Laplace covariance (its diagonal
+    for `mass_matrix="diagonal"`) seeds the mass matrix.
+
+    Args:
+        model_or_problem, data, fit: as for `calibrate` (a `Problem`, or a
+            model and its data; `fit` a `FIT.toml`, its priors and solver
+            settings used here too). With `init` a `FitResult` bound to its
+            data, neither is needed.
+        chains, warmup, draws: the sampler's size.
+        seed: the seed of the starts, the warm-up and every draw.
+        mass_matrix: `diagonal` or `dense`.
+        target_accept: the warm-up's target acceptance rate.
+        max_tree_depth: NUTS' maximum number of trajectory doublings.
+        chunk: draws per compiled call (a checkpoint and a progress step each).
+        checkpoint: a file the chains are saved to atomically after the
+            warm-up and every chunk; `resume=True` continues from it.
+        progress: a progress bar per chain on stderr.
+
+    Returns:
+        A [`Posterior`][epifit.sampling.Posterior] (its `.data` an
+        `arviz.InferenceData`).
+    """
+    wall = time.perf_counter()
+    settings = NutsSettings(
+        chains=chains,
+        warmup=warmup,
+        draws=draws,
+        seed=seed,
+        mass_matrix=mass_matrix,
+        target_accept=target_accept,
+        max_tree_depth=max_tree_depth,
+        chunk=chunk,
+    )
+    start = _map(model_or_problem, data, fit, init)
+    objective = start["objective"]
+    data_ = objective.data()
+    density = LogDensity(objective)
+    x_map = np.asarray(start["x"], np.float64)
+    starts = start_points(x_map, start["covariance"], settings)
+    imm0 = jnp.asarray(initial_inverse_mass(start["covariance"], x_map.size, settings))
+    programs = Programs(density, settings)
+    store = chain_checkpoint(checkpoint, resume, objective, settings, starts)
+    t0 = time.perf_counter()
+    results = []
+    with _bars(progress, settings) as bar:
+        for c in range(settings.chains):
+
+            def on_chunk(snap, c=c):
+                store.save(snap)
+                bar(c, snap["done"])
+
+            out = run_chain(
+                programs,
+                c,
+                starts[c].astype(x_map.dtype),
+                imm0,
+                data_,
+                resume=store.load(c),
+                on_chunk=on_chunk,
+            )
+            results.append(out)
+    sampling_s = time.perf_counter() - t0
+    idata = posterior_data(
+        density,
+        data_,
+        results,
+        settings,
+        x_map=x_map,
+        provenance=start["provenance"],
+        timing={"sampling_s": sampling_s, "wall_s": time.perf_counter() - wall},
+    )
+    return Posterior(idata)
+
+
+def _map(model_or_problem, data, fit, init) -> dict:
+    """The MAP, its Laplace covariance and the objective sampled."""
+    if isinstance(init, str | os.PathLike):
+        init = FitResult.from_netcdf(Path(init), data=data)
+    if init is not None and not isinstance(init, FitResult):
+        raise TypeError(
+            f"init must be a FitResult or a FIT.nc path; got {type(init).__name__}"
+        )
+    if init is None:
+        if isinstance(model_or_problem, Problem):
+            problem = model_or_problem
+        elif model_or_problem is None or data is None:
+            raise ValueError("sample needs a model and its data, a Problem, or init")
+        else:
+            problem = Problem(model_or_problem, data)
+        init = calibrate(problem, fit=fit, progress=False)
+        if fit is None:
+            fit = init.fit_config
+    if init.problem is None:
+        raise ValueError(
+            "init: the fit's data file was not found; give data=... to bind it"
+        )
+    config = fit_config(init.fit_config if fit is None else fit)
+    setup = resolve_fit(init.problem, config, init=init.params)
+    return {
+        "objective": setup.objective,
+        "x": init.x,
+        "covariance": init.covariance,
+        "provenance": {
+            "model_sha256": init.hashes.get("model_sha256", ""),
+            "data_sha256": init.hashes.get("data_sha256", ""),
+            "map_loss": float(init.loss),
+        },
+    }
+
+
+class _bars:
+    """One rich progress bar per chain (draws done after the warm-up)."""
+
+    def __init__(self, progress, settings: NutsSettings):
+        from epifit.fitting import progress_enabled
+
+        self.on = progress_enabled(progress)
+        self.settings = settings
+
+    def __enter__(self):
+        if not self.on:
+            return lambda c, done: None
+        from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+        s = self.settings
+        self.progress = Progress(
+            TextColumn("chain {task.fields[chain]}"),
+            BarColumn(),
+            TextColumn("{task.completed}/{task.total} draws"),
+            TimeRemainingColumn(),
+            transient=False,
+        )
+        self.progress.__enter__()
+        tasks = [
+            self.progress.add_task("", total=s.draws, chain=c) for c in range(s.chains)
+        ]
+        return lambda c, done: self.progress.update(
+            tasks[c], completed=min(done, s.draws)
+        )
+
+    def __exit__(self, *exc):
+        if self.on:
+            self.progress.__exit__(*exc)
