@@ -18,6 +18,9 @@ from epifit.fitting._parameters import Normal as Normal
 from epifit.fitting._parameters import leaf_labels as leaf_labels
 from epifit.fitting._parameters import problem_labels as problem_labels
 from epifit.fitting._parameters import time_labels as time_labels
+from epifit.fitting._profile import ProfileError as ProfileError
+from epifit.fitting._profile import profile as profile
+from epifit.fitting._profile_result import Profile as Profile
 from epifit.fitting._resolve import check_fit_settings as check_fit_settings
 from epifit.fitting._resolve import default_phases as default_phases
 from epifit.fitting._result import FitResult as FitResult
