@@ -15,8 +15,6 @@ _FLAGS = {"parameter": "--parameter", "points": "--points", "span": "--span"}
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    from epifit.fitting._profile import DEFAULT_POINTS, DEFAULT_SPAN, MAX_POINTS
-
     p.add_argument("fit", help="a fit file (epifit calibrate), FIT.nc")
     p.add_argument(
         "--parameter",
@@ -26,16 +24,14 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--points",
-        type=_flags.integer(3, MAX_POINTS),
-        default=DEFAULT_POINTS,
-        help=f"grid points, the fitted value among them (default {DEFAULT_POINTS})",
+        type=_flags.count,
+        help="grid points, 3 to 1001, the fitted value among them (default 21)",
     )
     p.add_argument(
         "--span",
         type=_flags.number(positive=True),
-        default=DEFAULT_SPAN,
         help="the grid's half-width in Laplace standard errors on the transformed "
-        f"scale (default {DEFAULT_SPAN:g})",
+        "scale (default 4)",
     )
     p.add_argument(
         "--out",
@@ -50,14 +46,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _run(a) -> int:
-    from epifit.fitting import ProfileError, profile
-    from epifit.fitting._profile import default_output
-    from epifit.fitting._profile_plot import plot_profile
+    from epifit.data import write_dataset
+    from epifit.fitting import ProfileError, plot_profile, profile, profile_output
 
     fit = existing_file(a.fit, "Fit")
     data = existing_file(a.data, "Data") if a.data else None
     inputs = {"--data": data, **fit_inputs(fit)}
-    out = output_file(a.out or default_output(fit, a.parameter), inputs=inputs)
+    out = output_file(a.out or profile_output(fit, a.parameter), inputs=inputs)
     plot = None
     if a.plot:
         plot = output_file(
@@ -65,15 +60,15 @@ def _run(a) -> int:
         )
     with output_lock(out):
         try:
-            result = profile(fit, a.parameter, points=a.points, span=a.span, data=data)
+            given = {"points": a.points, "span": a.span}
+            kw = {k: v for k, v in given.items() if v is not None}
+            result = profile(fit, a.parameter, data=data, **kw)
         except ProfileError as e:
             raise ProfileError(
                 e.reason, file=e.file, location=_FLAGS.get(e.location, e.location)
             ) from None
         ds = result.to_dataset()
         ds.attrs["command"] = _command(a)
-        from epifit.data import write_dataset
-
         write_dataset(ds, out)
     if plot is not None:
         plot_profile(out, plot)
@@ -91,10 +86,15 @@ def _run(a) -> int:
 
 def _command(a) -> str:
     words = ["epifit", "profile", a.fit, "--parameter", a.parameter]
-    words += ["--points", str(a.points), "--span", f"{a.span:g}"]
-    for flag, value in (("--out", a.out), ("--data", a.data), ("--plot", a.plot)):
-        if value:
-            words += [flag, value]
+    for flag, value in (
+        ("--points", a.points),
+        ("--span", a.span),
+        ("--out", a.out),
+        ("--data", a.data),
+        ("--plot", a.plot),
+    ):
+        if value is not None:
+            words += [flag, str(value)]
     return shlex.join(words)
 
 

@@ -47,12 +47,12 @@ from __future__ import annotations
 import math
 import os
 from pathlib import Path
+from statistics import NormalDist
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optimistix as optx
-from scipy.stats import chi2
 
 from epifit._errors import LocatedError
 from epifit._jit import jit
@@ -73,6 +73,7 @@ __all__ = [
     "ProfileError",
     "profile",
     "profile_objective",
+    "profile_output",
 ]
 
 DEFAULT_POINTS = 21
@@ -405,7 +406,7 @@ def profile(
         grid_x=grid,
         value=value.astype(np.float64),
         centre=centre,
-        cut=float(chi2.ppf(level, 1)) / 2.0,
+        cut=NormalDist().inv_cdf(0.5 + level / 2.0) ** 2 / 2.0,
         parameter=label,
         index=j,
         x=xs.astype(np.float64),
@@ -442,7 +443,7 @@ def _entry_transform(objective: Objective, j: int):
     return c
 
 
-def default_output(fit_path: str | os.PathLike, parameter: str) -> Path:
+def profile_output(fit_path: str | os.PathLike, parameter: str) -> Path:
     """`FIT.profile-gamma.nc` beside `FIT.nc` (other characters of a label
     than letters, digits, `_` and `-` become `_`)."""
     safe = "".join(c if c.isalnum() or c in "_-" else "_" for c in parameter)
