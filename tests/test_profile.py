@@ -6,16 +6,22 @@ flat profile reported as not identifiable, and `PROFILE.nc` read back."""
 
 from __future__ import annotations
 
+import errno
+import hashlib
+import json
 import logging
 import math
+import re
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+import xarray as xr
 from scipy.integrate import solve_ivp
 from scipy.optimize import minimize
 
+from epifit.cli import main
 from epifit.fitting import (
     Objective,
     Profile,
@@ -288,26 +294,107 @@ family = "least_squares"
 
 
 @pytest.mark.slow
-def test_a_flat_profile_is_not_identifiable(fitted, tmp_path):
+def test_a_flat_profile_is_not_identifiable(fitted, tmp_path, capsys):
     """Transmission `a * b`: only the product is identified, so the profile
-    of `a` is flat (`b` compensates at every point) on both sides."""
+    of `a` is flat (`b` compensates at every point) on both sides; the
+    command says so and the file records it."""
     model = tmp_path / "product.toml"
     model.write_text(FLAT_MODEL)
     phases = [{"method": "levenberg_marquardt", "iterations": 100}]
     fit = calibrate(model, DATA, fit={"rtol": 1e-8, "phases": phases}, progress=False)
     assert not math.isfinite(fit.intervals["a"]["se"])  # the Laplace is singular
-    prof = profile(fit, "a", points=5)
+    fit.to_netcdf(tmp_path / "FIT.nc")
+    argv = ["profile", str(tmp_path / "FIT.nc"), "--parameter", "a", "--points", "5"]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert "95% likelihood-ratio interval [not identifiable, not identifiable]" in text
+    assert "note: not identifiable on the lower side: the profile rises by only" in text
+    assert "note: not identifiable on the upper side" in text
+    assert "grid spans ± 3 on the transformed scale" in text
+    prof = Profile.from_netcdf(tmp_path / "FIT.profile-a.nc")
     assert prof.identifiable == (False, False) and not prof.identified
     assert math.isnan(prof.lower) and math.isnan(prof.upper)
     assert np.all(prof.delta < 1e-6)
-    # b compensates: the product stays the fitted transmission rate
+    # b compensates: the product stays the transmission rate of the SIR fit
     a = prof.estimates[:, prof.estimate_labels.index("a")]
     b = prof.estimates[:, prof.estimate_labels.index("b")]
-    np.testing.assert_allclose(
-        a * b, fitted[0].intervals["beta"]["estimate"], rtol=1e-5
+    beta = fitted[0].intervals["beta"]["estimate"]
+    np.testing.assert_allclose(a * b, beta, rtol=1e-5)
+
+
+# -- the command ---------------------------------------------------------------------
+@pytest.fixture
+def _no_persistent_cache(monkeypatch):
+    """`main` would enable JAX's persistent compilation cache for the session."""
+    monkeypatch.setenv("EPIFIT_NO_CACHE", "1")
+
+
+@pytest.mark.usefixtures("_no_persistent_cache")
+def test_cli_writes_the_profile_and_refuses_the_fit_file(fitted, tmp_path, capsys):
+    _, fit_path = fitted
+    fit_nc = tmp_path / "FIT.nc"
+    fit_nc.write_bytes(fit_path.read_bytes())
+    before = fit_nc.read_bytes()
+    out, fig = tmp_path / "PROFILE.nc", tmp_path / "profile.png"
+    argv = ["profile", str(fit_nc), "--parameter", "gamma", "--points", "5"]
+    assert main([*argv, "--out", str(out), "--plot", str(fig), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["out"] == str(out) and summary["plot"] == str(fig)
+    assert summary["identifiable"] == {"lower": True, "upper": True}
+    prof = Profile.from_netcdf(out)
+    assert summary["lower"] == prof.lower and summary["points"] == 5
+    assert prof.attrs["command"].startswith("epifit profile")
+    assert prof.attrs["fit_sha256"] == hashlib.sha256(before).hexdigest()
+    assert fig.read_bytes()[:4] == b"\x89PNG"
+
+    # never over the input
+    assert main([*argv, "--out", str(fit_nc)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("epifit: error: --out ") and "same file as" in err
+    assert "\n" not in err and fit_nc.read_bytes() == before
+
+    # atomic: a write failing half-way leaves the previous PROFILE.nc
+    written = out.read_bytes()
+
+    def half(self, path, *args, **kwargs):
+        Path(path).write_bytes(b"CDF partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(xr.Dataset, "to_netcdf", half)
+        assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "no space left on device" in err
+    assert out.read_bytes() == written
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["FIT.nc", "PROFILE.nc", "profile.png"]
     )
-    text = prof.summary()
-    assert "not identifiable on the lower side" in text
-    assert "not identifiable on the upper side" in text
-    assert "[not identifiable, not identifiable]" in text
-    assert "grid spans ± 3 on the transformed scale" in text
+
+
+@pytest.mark.usefixtures("_no_persistent_cache")
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--parameter", "delta"], r"FIT\.nc: --parameter: unknown parameter 'delta'"),
+        (["--parameter", "N"], r"FIT\.nc: --parameter: 'N' is fixed in this fit"),
+        (["--parameter", "gamma", "--points", "0"], r"--points must be >= 1; got 0"),
+        (["--parameter", "gamma", "--points", "x"], r"--points must be an integer"),
+        (
+            ["--parameter", "gamma", "--points", "2000"],
+            r"FIT\.nc: --points: must be between 3 and 1001; got 2000",
+        ),
+        (["--parameter", "gamma", "--span", "-1"], r"--span must be > 0; got -1"),
+        ([], r"the following arguments are required: --parameter"),
+    ],
+)
+def test_cli_bad_flags_are_one_line(fitted, tmp_path, capsys, extra, message):
+    _, fit_path = fitted
+    try:
+        code = main(["profile", str(fit_path), *extra, "--out", str(tmp_path / "p.nc")])
+    except SystemExit as e:  # argparse's own usage errors
+        code = e.code
+    assert code == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("epifit: error: ") and "\n" not in err
+    assert re.search(message, err), err
+    assert list(tmp_path.iterdir()) == []
