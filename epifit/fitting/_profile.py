@@ -16,16 +16,17 @@ whose body runs an optimistix BFGS minimisation (a tolerance-terminated
 data, and the objective's gradient is its reverse-mode one (the fit's
 adjoint), so the program holds one copy of the solve's gradient.
 
-**The profiled function.** For observations with a likelihood (poisson,
-negative binomial, gaussian with its `sd`) and for least_squares ones with
-`noise = "known"`, `f` is the fit's loss: the negative log-likelihood (or
-log-posterior, with priors). For least_squares observations with the noise
-variance estimated (the default), the fit's loss is a weighted sum of squares,
-not a likelihood; the profile then uses `data_loss / (2 s²) + penalty` with
-`s²` the fit's estimated residual variance (`SSR / (n - p)`, stored with the
-Laplace approximation): the negative log-likelihood with the noise scale held
-at its estimate, the function whose curvature the Laplace approximation
-inverts, so the two intervals agree for a quadratic profile.
+**The profiled function** is the fit's loss (`Objective.loss`: the
+observations' negative log-likelihood plus the priors and penalties), whose
+minimum is the fit. For least_squares observations with the noise variance
+estimated (the default) that loss is a weighted sum of squares, not a
+likelihood: the profile then divides it by `2 s²`, `s²` the fit's estimated
+residual variance (`SSR / (n - p)`, stored with the Laplace approximation),
+so that it is the negative log-likelihood with the noise scale held at its
+estimate, the function whose curvature the Laplace approximation inverts.
+(A prior on such a fit is weighed as `calibrate` weighs it, in sum-of-squares
+units, so it is divided by `2 s²` too; the Laplace approximation adds the
+prior's curvature unscaled, and a note says the two then differ.)
 
 **The grid** spans the fitted value `± span` Laplace standard errors (default
 4) on the transformed (unconstrained) scale, where the quadratic approximation
@@ -148,7 +149,18 @@ def _entry(fit: FitResult, objective: Objective, parameter: str, file) -> int:
             location="parameter",
         )
     if parameter in labels:
-        return labels.index(parameter)
+        j = labels.index(parameter)
+        spec = {p.name: p for p in objective.problem.spec.parameters}
+        p = spec.get(objective.free.names[j])
+        if p is not None and p.per_time is not None and p.per_time.kind == "periodic":
+            raise ProfileError(
+                f"'{parameter}' is a coefficient of the periodic time-varying "
+                f"parameter '{p.name}'; its profile is not supported (profile a "
+                "scalar, per-patch or piecewise time-varying entry)",
+                file=file,
+                location="parameter",
+            )
+        return j
     free = _free_list(labels)
     kinds = {r["label"]: r["kind"] for r in fit.table}
     entries = [
@@ -279,7 +291,7 @@ def profile_program(objective: Objective, j: int, reported):
     def fn(y, args):
         v, scale, data = args
         x = insert(y, v)
-        return scale * objective.data_loss(x, data) + objective.penalty(x, data)
+        return scale * objective.loss(x, data)
 
     f = _reverse_gradient(fn)
     solver = optx.BFGS(rtol=RTOL, atol=ATOL)
@@ -328,6 +340,10 @@ def _reported(objective: Objective, fit: FitResult):
         parts = [jnp.ravel(values[n]) for n in [*params, *derived]]
         return jnp.concatenate(parts) if parts else jnp.zeros((0,), x.dtype)
 
+    x0, rest = objective.free.x0, objective.free.rest
+    size = jax.eval_shape(fn, x0, rest).shape[0]
+    if size != len(labels):  # not the table's rows: label them by position
+        labels = [f"value[{i}]" for i in range(size)]
     return labels, fn
 
 
@@ -394,6 +410,13 @@ def profile(
     back = np.argsort(order)  # walk order -> grid order
     value, xs, ok, steps, rep = (np.asarray(o)[back] for o in outs)
     notes = [note] if note else []
+    free = objective.free
+    if scale != 1.0 and (free.priors or free.l2 or free.smoothing):
+        notes.append(
+            "least_squares with an estimated noise variance: the priors and "
+            "penalties are divided by 2 s² with the sum of squares, as the fit "
+            "weighs them; the Laplace interval adds their curvature unscaled"
+        )
     if not (math.isfinite(se) and se > 0):
         notes.append(
             f"no finite Laplace standard error for {label}: the grid spans "
@@ -434,7 +457,7 @@ def _entry_transform(objective: Objective, j: int):
         u = jnp.asarray(u, jnp.float64)
         if spec is None:
             out = u
-        elif spec.per_time is not None:
+        elif spec.per_time is not None:  # levels only (periodic ones refused)
             out = constrain_coefficients(spec, jnp.atleast_1d(u)).reshape(u.shape)
         else:
             out = constrain(spec.transform, u, *spec.bounds)
