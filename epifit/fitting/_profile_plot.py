@@ -72,7 +72,7 @@ def plot_profile(
     if sides:
         title += f" (not identifiable: {' and '.join(sides)} side)"
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="upper center", framealpha=0.9)
+    ax.legend(fontsize=8, loc="best", framealpha=0.9)
     if out is not None:
         save_figure(fig, out)
     return fig
