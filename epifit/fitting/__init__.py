@@ -19,6 +19,11 @@ from epifit.fitting._parameters import Normal as Normal
 from epifit.fitting._parameters import leaf_labels as leaf_labels
 from epifit.fitting._parameters import problem_labels as problem_labels
 from epifit.fitting._parameters import time_labels as time_labels
+from epifit.fitting._profile import ProfileError as ProfileError
+from epifit.fitting._profile import profile as profile
+from epifit.fitting._profile import profile_output as profile_output
+from epifit.fitting._profile_plot import plot_profile as plot_profile
+from epifit.fitting._profile_result import Profile as Profile
 from epifit.fitting._progress import progress_enabled as progress_enabled
 from epifit.fitting._resolve import check_fit_settings as check_fit_settings
 from epifit.fitting._resolve import default_phases as default_phases
