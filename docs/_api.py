@@ -24,13 +24,15 @@ PACKAGES = (
     "epifit.simulation",
     "epifit.fitting",
     "epifit.forecasting",
+    "epifit.plotting",
     "epifit.cli",
     "epifit",
 )
 
 
 def _init_path(package: str) -> Path:
-    return REPO.joinpath(*package.split("."), "__init__.py")
+    path = REPO.joinpath(*package.split("."))
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
 def public_names(package: str) -> list[str]:

@@ -69,6 +69,19 @@ def test_every_public_name_has_one_api_entry():
     assert "epifit.calibrate" not in entries  # top level links to epifit.fitting
 
 
+def test_api_covers_every_public_module():
+    import pkgutil
+
+    import epifit
+
+    public = {
+        f"epifit.{m.name}"
+        for m in pkgutil.iter_modules(epifit.__path__)
+        if not m.name.startswith("_")
+    }
+    assert public | {"epifit"} == set(api.PACKAGES)
+
+
 def test_public_names_follow_the_packages():
     import epifit.ode
     import epifit.simulation
