@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint format bench clean venv
+.PHONY: demo test docs lint format bench clean venv
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,6 +22,12 @@ PYTEST_ARGS ?= -n 2 --dist loadfile
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# The site, into site/: EPIFIT_DOCS_EXECUTE=0 for a quick build that shows the
+# tutorials without running them (by default they run, several minutes).
+docs: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(BIN)/ruff check epifit tests benchmarks data examples
@@ -41,4 +47,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/coverage.py --json out/bench_coverage.json
 
 clean:
-	rm -rf $(VENV) out .pytest_cache
+	rm -rf $(VENV) out site .pytest_cache

@@ -35,7 +35,8 @@ def compiler_options() -> dict:
 
 
 def jit(fun=None, **kwargs):
-    """`jax.jit(fun, **kwargs)` with [`compiler_options`][] added.
+    """`jax.jit(fun, **kwargs)` with epifit's XLA options added (on CPU:
+    YNNPACK fusions off where the installed jaxlib knows the option).
 
     Use it (as `epifit.jit`) to compile losses and gradients built from epifit
     solves; epifit's own entry points (`calibrate`, `simulate`, ...) do.

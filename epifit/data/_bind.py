@@ -123,10 +123,12 @@ def validate_dataset(
         >>> bound = validate_dataset(ds, observations={"in_bed": ("time",)})
         >>> bound.times.tolist(), bound.mask["in_bed"].tolist()
         ([0.0, 1.0, 2.0], [True, False, True])
-        >>> validate_dataset(ds, observations={"cases": ("time",)})
-        Traceback (most recent call last):
-        ...
-        epifit.data._errors.DataError: No variable 'cases' in dataset; found ['in_bed']
+        >>> from epifit.data import DataError
+        >>> try:
+        ...     validate_dataset(ds, observations={"cases": ("time",)})
+        ... except DataError as e:
+        ...     print(e)
+        No variable 'cases' in dataset; found ['in_bed']
     """
     if not isinstance(ds, xr.Dataset):
         raise TypeError(f"validate_dataset needs an xarray.Dataset; got {type(ds)}.")

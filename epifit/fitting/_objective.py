@@ -295,7 +295,7 @@ class Objective:
 
     # -- compiled, batched over starts ---------------------------------------------
     def compiled(self, name: str):
-        """`jit(vmap(method))` over a batch of `x` (see [`vmap_batch`][]),
+        """`jit(vmap(method))` over a batch of `x` (in groups of `group` points),
         compiled once per objective."""
         cache = self.__dict__.setdefault("_compiled", {})
         if name not in cache:

@@ -47,8 +47,8 @@ def load_model(path: str | os.PathLike) -> ModelSpec:
             S, E, I, R`; also for a missing file and malformed TOML.
 
     Examples:
-        >>> spec = load_model("models/sir.toml")  # doctest: +SKIP
-        >>> [c.name for c in spec.compartments]  # doctest: +SKIP
+        >>> spec = load_model("models/sir.toml")
+        >>> [c.name for c in spec.compartments]
         ['S', 'I', 'R']
     """
     p = Path(path)

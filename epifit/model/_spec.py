@@ -51,7 +51,7 @@ class TimeBasisSpec:
     """How a time-varying parameter varies over the days (`per_time`).
 
     The value on day `d` is `transform(basis(d) @ coefficients)`, the
-    coefficients on the unconstrained scale (see `epifit.model._per_time`).
+    coefficients on the unconstrained scale (see `epifit.model.constrain_coefficients`).
 
     Attributes:
         kind: `"pieces"` (constant on periods of `days` days from day 0),

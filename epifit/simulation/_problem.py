@@ -65,9 +65,11 @@ class Problem:
         subset_patches: keep only the model's patches when the data have more.
         dtype: `float32` or `float64` (default: JAX's default float).
 
+    The bound model and data are its attributes `model`, `dataset`, `ts`
+    (`(time,)` float days), `patches` (labels), `covariates`, `initial_data`,
+    `observed`, `mask`, `n_patches` and `dates`.
+
     Attributes:
-        model, dataset, ts (`(time,)` float days), patches (labels),
-        covariates, initial_data, observed, mask, n_patches, dates.
         breaks: the days on which the model's per-day inputs can change with
             these covariates (`epifit.model.break_days`; `None` when they may
             change every day): solves evaluate the inputs there only, and a

@@ -144,7 +144,7 @@ def simulate(
         observe: add synthetic observations: `"model"` draws each observation
             from its own family at the parameter values (its dispersion, sd or
             least-squares weight), `"poisson"`, `"negative_binomial"` or
-            `"gaussian"` one family for all (see `epifit.simulation._noise`).
+            `"gaussian"` one family for all (see `epifit.simulation.sample_noise`).
             The noisy series are written under the observations' own names
             (NaN off their stamps, with a `period` attribute), the time axis
             is dated, and the covariates and initial-state variables the model

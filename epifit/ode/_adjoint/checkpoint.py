@@ -80,8 +80,8 @@ class CheckpointAdjoint(AbstractAdjoint):
     def segment_backward(self, ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, times_k, n):
         """The pull-back through segment `k`'s `n` accepted steps (see the
         class docstring): one step's VJP without replay where `n == 1` and
-        the solver is an explicit Runge-Kutta method, else
-        [`_pull_back_in_chunks`][]."""
+        the solver is an explicit Runge-Kutta method, else the steps replayed and
+        pulled back in chunks of the adjoint's buffer."""
         solver = ctx.integ.solver
         if isinstance(times_k, tuple):  # the forward pass kept the first step
             times_k, stages0 = times_k
