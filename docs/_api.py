@@ -24,6 +24,7 @@ PACKAGES = (
     "epifit.simulation",
     "epifit.fitting",
     "epifit.forecasting",
+    "epifit.sampling",
     "epifit.plotting",
     "epifit.cli",
     "epifit",
