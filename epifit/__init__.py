@@ -26,6 +26,7 @@ _EXPORTS = {
     "FitResult": "epifit.fitting",
     "Problem": "epifit.simulation",
     "calibrate": "epifit.fitting",
+    "profile": "epifit.fitting",
     "simulate": "epifit.simulation",
     "sample": "epifit.sampling",
     "Posterior": "epifit.sampling",
@@ -51,6 +52,7 @@ if TYPE_CHECKING:  # for type checkers and editors
     from epifit.data import write_dataset as write_dataset
     from epifit.fitting import FitResult as FitResult
     from epifit.fitting import calibrate as calibrate
+    from epifit.fitting import profile as profile
     from epifit.forecasting import forecast as forecast
     from epifit.model import ModelBuilder as ModelBuilder
     from epifit.model import ModelSpecError as ModelSpecError

@@ -167,3 +167,71 @@ def test_bad_settings_are_refused(decay, kw, match):
     fit, _, _ = decay
     with pytest.raises(ValueError, match=match):
         epifit.sample(init=fit, progress=False, **{"warmup": 5, "draws": 5, **kw})
+
+
+# -- the command ---------------------------------------------------------------------
+@pytest.fixture
+def decay_files(decay, tmp_path, monkeypatch):
+    """The decay model, its data and its fit as files; no persistent cache."""
+    monkeypatch.setenv("EPIFIT_NO_CACHE", "1")
+    fit, _, _ = decay
+    model = tmp_path / "decay.toml"
+    model.write_text(DECAY)
+    data = tmp_path / "decay.nc"
+    epifit.write_dataset(fit.problem.dataset, data)
+    fit_toml = tmp_path / "fit.toml"
+    fit_toml.write_text(
+        "rtol = 1e-10\natol = 1e-10\n[parameters]\n"
+        + "".join(
+            f'{p} = {{ prior = {{ family = "normal", mean = {m}, sd = {s} }} }}\n'
+            for p, (m, s) in PRIOR.items()
+        )
+    )
+    return model, data, fit_toml
+
+
+def test_cli_samples_and_writes_arviz_netcdf(decay_files, tmp_path, capsys):
+    import json
+
+    from epifit.cli import main
+
+    model, data, fit_toml = decay_files
+    fit_nc = tmp_path / "FIT.nc"
+    assert main(["calibrate", str(model), "--data", str(data), "--fit", str(fit_toml),
+                 "--out", str(fit_nc), "--no-progress"]) == 0  # fmt: skip
+    capsys.readouterr()
+    out = tmp_path / "POSTERIOR.nc"
+    argv = ["sample", "--init", str(fit_nc), "--out", str(out), "--chains", "2",
+            "--warmup", "40", "--draws", "30", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert {r["parameter"] for r in summary["summary"]} == {"A0", "B0"}
+    idata = az.from_netcdf(out)
+    assert idata.posterior["A0"].shape == (2, 30)
+    assert "epifit sample --init" in idata.posterior.attrs["command"]
+    # the input is never the output, and stays as it was
+    before = fit_nc.read_bytes()
+    code = main(["sample", "--init", str(fit_nc), "--out", str(fit_nc), "--draws", "5"])
+    assert code == 2
+    assert "FIT.nc" in capsys.readouterr().err
+    assert fit_nc.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        ([], "needs a model and --data, or --init"),
+        (["--resume"], "--resume needs --checkpoint"),
+        (["--target-accept", "1.5"], "--target-accept must lie in"),
+    ],
+)
+def test_cli_bad_flags_are_one_line(decay_files, tmp_path, capsys, extra, message):
+    from epifit.cli import main
+
+    model, data, _ = decay_files
+    argv = ["sample", "--out", str(tmp_path / "p.nc"), *extra]
+    if extra:
+        argv += [str(model), "--data", str(data)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err

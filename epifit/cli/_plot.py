@@ -11,7 +11,10 @@ from epifit._paths import output_file, output_lock
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("file", help="a fit (epifit calibrate) or simulation file (netCDF)")
+    p.add_argument(
+        "file",
+        help="a fit (epifit calibrate), simulation, forecast or profile file (netCDF)",
+    )
     p.add_argument("--out", required=True, help="figure file (.png, .pdf or .svg)")
     p.add_argument(
         "--patches",
@@ -36,11 +39,16 @@ def _run(a) -> int:
         [p.strip() for p in a.patches.split(",") if p.strip()] if a.patches else None
     )
     with output_lock(out):
+        kind = _kind(src)
         # -- forecasts (epifit.forecasting): fan charts per scenario ----------
-        if _is_forecast(src):
+        if kind == "forecast":
             from epifit.forecasting import plot_forecast
 
             plot_forecast(src, out, patches=patches)
+        elif kind == "profile":  # epifit profile: the profile and its cut
+            from epifit.fitting import plot_profile
+
+            plot_profile(src, out)
         else:
             plot_fit(src, out, patches=patches, max_patches=a.max_patches)
     print(f"wrote {a.out}")
@@ -65,19 +73,21 @@ def fit_inputs(path: Path) -> dict[str, str]:
     return inputs
 
 
-def _is_forecast(path: Path) -> bool:
-    """Whether a netCDF file is a forecast (`epifit_kind = "forecast"`)."""
+def _kind(path: Path) -> str | None:
+    """A netCDF file's `epifit_kind` (`forecast`, `profile`; None for fits
+    and simulations)."""
     import netCDF4
 
     try:
         with netCDF4.Dataset(path) as nc:
-            return getattr(nc, "epifit_kind", None) == "forecast"
+            return getattr(nc, "epifit_kind", None)
     except OSError:
-        return False  # plot_fit reports unreadable files
+        return None  # plot_fit reports unreadable files
 
 
 COMMAND = (
-    "draw a fit or simulation against its data (PNG/PDF/SVG)",
+    "draw a fit or simulation against its data, a forecast's fans or a "
+    "profile (PNG/PDF/SVG)",
     _add_arguments,
     _run,
 )
