@@ -235,3 +235,111 @@ def test_cli_bad_flags_are_one_line(decay_files, tmp_path, capsys, extra, messag
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1, err
+
+
+# -- the boarding school, against random-walk Metropolis over SciPy ------------------
+BOARDING_PRIORS = {"beta": (1.7, 0.5), "gamma": (0.45, 0.5), "I0": (2.0, 1.0)}
+
+
+def _boarding_log_posterior(theta, y):
+    """log p(beta, gamma, I0 | in_bed) + log Jacobian of log-coordinates:
+    Poisson prevalence, log-normal priors, SciPy's solver."""
+    from scipy.integrate import solve_ivp
+    from scipy.special import gammaln
+
+    beta, gamma, i0 = np.exp(theta)
+    n = 763.0
+
+    def f(t, u):
+        new = beta * u[0] * u[1] / n
+        return [-new, new - gamma * u[1]]
+
+    sol = solve_ivp(f, (0.0, 13.0), [n - i0, i0], t_eval=np.arange(14.0),
+                    method="DOP853", rtol=1e-9, atol=1e-9)  # fmt: skip
+    mu = np.maximum(sol.y[1], 1e-300)
+    ll = np.sum(y * np.log(mu) - mu - gammaln(y + 1))
+    lp = 0.0
+    for t, (median, s) in zip(theta, BOARDING_PRIORS.values(), strict=True):
+        # log-normal density of the value, times d value / d log value
+        lp += -0.5 * ((t - np.log(median)) / s) ** 2
+    return ll + lp
+
+
+def _metropolis(y, start, scale, steps, rng):
+    """Random-walk Metropolis in log-coordinates (a Gaussian proposal with
+    the Laplace covariance, scaled by 2.38^2 / d)."""
+    d = len(start)
+    chol = np.linalg.cholesky(scale * 2.38**2 / d)
+    x, lp = start, _boarding_log_posterior(start, y)
+    out = np.empty((steps, d))
+    for i in range(steps):
+        prop = x + chol @ rng.standard_normal(d)
+        lq = _boarding_log_posterior(prop, y)
+        if np.log(rng.uniform()) < lq - lp:
+            x, lp = prop, lq
+        out[i] = x
+    return np.exp(out)
+
+
+@pytest.mark.slow
+def test_boarding_school_posterior_agrees_with_metropolis_over_scipy():
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    text = (repo / "models" / "sir.toml").read_text()
+    spec = loads_model(
+        text.replace('family = "least_squares"', 'family = "poisson"'), path="sir.toml"
+    )
+    fit = {
+        "rtol": 1e-9,
+        "atol": 1e-9,
+        "parameters": {
+            p: {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
+            for p, (m, s) in BOARDING_PRIORS.items()
+        },
+    }
+    data = repo / "data" / "boarding_school_1978.nc"
+    post = epifit.sample(spec, data, fit=fit, chains=4, warmup=400, draws=500,
+                         seed=3, progress=False)  # fmt: skip
+    table = post.diagnostics()
+    assert (table.loc[list(BOARDING_PRIORS), "r_hat"] <= 1.01).all(), table
+    y = xr.open_dataset(data)["in_bed"].values.astype(float)
+    # the reference: a long Metropolis chain started at the NUTS mean
+    draws = {p: post.data.posterior[p].values.ravel() for p in BOARDING_PRIORS}
+    logs = np.log(np.column_stack(list(draws.values())))
+    rng = np.random.default_rng(0)
+    ref = _metropolis(y, logs.mean(0), np.cov(logs.T), 24000, rng)[4000:]
+    ess = az.ess(az.convert_to_dataset(ref[None, :, :]))["x"].values
+    for j, p in enumerate(BOARDING_PRIORS):
+        mcse_ref = ref[:, j].std() / np.sqrt(ess[j])
+        se = np.hypot(table.loc[p, "mcse_mean"], mcse_ref)
+        assert abs(table.loc[p, "mean"] - ref[:, j].mean()) <= 3 * se, (p, table)
+        # and the spread: within 3 MCSEs of the sd, the reference's by its ESS
+        sd_se = np.hypot(table.loc[p, "mcse_sd"], ref[:, j].std() / np.sqrt(2 * ess[j]))
+        assert abs(table.loc[p, "sd"] - ref[:, j].std()) <= 3 * sd_se, (p, table)
+
+
+def test_forecast_draws_from_the_posterior(decay, tmp_path):
+    """`forecast(..., posterior=...)` runs the posterior's draws: its
+    quantiles are those of the trajectories at the chosen draws."""
+    fit, _, _ = decay
+    post = epifit.sample(init=fit, chains=2, warmup=40, draws=30, progress=False)
+    path = post.to_netcdf(tmp_path / "POSTERIOR.nc")
+    fc = epifit.forecast(fit, days=5, samples=60, posterior=path,
+                         observation_noise=False, quantiles=[0.0, 1.0])  # fmt: skip
+    assert fc.attrs["draws_from"] == "posterior"
+    assert fc.attrs["posterior_draws"] == 60
+    # with every draw chosen, the envelope of A(t) is the draws' own: A0 e^{-kt}
+    a0 = post.data.posterior["A0"].values.ravel()
+    last = fc["a_obs"].sel(scenario="baseline").isel(time=-1, patch=0).values
+    t = fc.sizes["time"] - 1
+    np.testing.assert_allclose(
+        last, [a0.min() * np.exp(-K * t), a0.max() * np.exp(-K * t)], rtol=1e-6
+    )
+    with pytest.raises(ValueError, match="holds 60 draws"):
+        epifit.forecast(fit, days=5, samples=61, posterior=path)
+    # a posterior of other parameters is refused, naming the first difference
+    other = post.data.posterior.assign_coords(free=["A0", "C0"])
+    with pytest.raises(ValueError, match="not the fit's.*'C0' vs 'B0'"):
+        epifit.forecast(fit, days=5, samples=5, posterior=type(post)(
+            type(post.data)(posterior=other)))  # fmt: skip

@@ -57,6 +57,12 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "expected observations); default: draws and each observation's noise "
         "(poisson, negative binomial, gaussian), the band new data fall in",
     )
+    p.add_argument(
+        "--posterior",
+        help="draw the parameters from this posterior (epifit sample's "
+        "POSTERIOR.nc, over the fit's free parameters) instead of the Laplace "
+        "approximation",
+    )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 
 
@@ -71,7 +77,9 @@ def _run(a) -> int:
     fit = existing_file(a.fit, "Fit")
     scenarios = existing_file(a.scenarios, "Scenario") if a.scenarios else ()
     data = existing_file(a.data, "Data") if a.data else None
+    post = existing_file(a.posterior, "Posterior") if a.posterior else None
     inputs = {"--scenarios": scenarios or None, "--data": data, **fit_inputs(fit)}
+    inputs["--posterior"] = post
     out = output_file(a.out, inputs=inputs)
     with output_lock(out):
         ds = forecast(
@@ -85,6 +93,7 @@ def _run(a) -> int:
             data=data,
             chunk_size=a.chunk_size,
             observation_noise=not a.no_observation_noise,
+            posterior=post,
         )
         ds.attrs["command"] = " ".join(
             ["epifit forecast", a.fit]
@@ -92,6 +101,7 @@ def _run(a) -> int:
             + [f"--days {ds.attrs['days']}", f"--samples {a.samples}"]
             + [f"--seed {a.seed}", f"--out {a.out}"]
             + (["--no-observation-noise"] if a.no_observation_noise else [])
+            + ([f"--posterior {a.posterior}"] if a.posterior else [])
         )
         write_dataset(ds, out)
     summary = forecast_summary(ds)

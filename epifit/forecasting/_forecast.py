@@ -27,6 +27,7 @@ from epifit.forecasting._ensemble import (
 )
 from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
+from epifit.forecasting._posterior_draws import posterior_draws
 from epifit.forecasting._predictive import (
     NOISE_SAMPLES,
     NoisePlan,
@@ -222,6 +223,7 @@ def prepare_forecast(
     atol: float | None = None,
     max_steps: int | None = None,
     observation_noise: bool = True,
+    posterior=None,
 ) -> PreparedForecast:
     """Check a forecast's inputs, bind its scenarios and draw its samples,
     without running anything: `prepare_forecast(...).run()` is
@@ -247,7 +249,7 @@ def prepare_forecast(
     horizon = _horizon(problem, days, samples, n_series, len(noise.noisy))
     bound = _bind(problem, params, sset, horizon, baseline)
     template, static = param_template(model, params)
-    xs = _draws(problem, template, fit_obj, cov, samples, seed)
+    xs, drawn = _draws(problem, template, fit_obj, cov, samples, seed, posterior)
     settings = solver_settings(
         stored, solver, stepsize_controller, rtol, atol, max_steps
     )
@@ -274,6 +276,7 @@ def prepare_forecast(
         "seed": int(seed),
         **settings_attrs(settings.solver, controller, settings.max_steps),
         **noise.attrs(),
+        **drawn,
         "scenarios_file": sset.source or "",
         **({"scenarios_sha256": sha} if sha else {}),
     }
@@ -362,19 +365,25 @@ def _bind(problem: Problem, params, sset, horizon, baseline) -> BoundScenarios:
     return bound
 
 
-def _draws(problem: Problem, template, fit_obj, cov, samples, seed) -> np.ndarray:
+def _draws(problem: Problem, template, fit_obj, cov, samples, seed, posterior):
     """`(1 + samples, free)`: the point estimate, then the draws (checked
-    against the fit's parameter labels, for a fit)."""
+    against the fit's parameter labels, for a fit): from `posterior` (a
+    sample of `epifit sample`) when given, else from the Laplace
+    approximation; and the attributes saying which."""
     x_hat = np.asarray(ravel_pytree(template[0])[0], np.float64)
-    if fit_obj is not None:
-        labels, _ = problem_labels(problem, template[0])
-        if tuple(labels) != tuple(fit_obj.labels):
-            raise ValueError(
-                "The fit's free parameters do not match its model's: "
-                f"{list(fit_obj.labels)[:8]} vs {labels[:8]}."
-            )
-    draws = draw_samples(x_hat, cov if samples else None, int(samples), seed=int(seed))
-    return np.concatenate([x_hat[None, :], draws])
+    labels, _ = problem_labels(problem, template[0])
+    if fit_obj is not None and tuple(labels) != tuple(fit_obj.labels):
+        raise ValueError(
+            "The fit's free parameters do not match its model's: "
+            f"{list(fit_obj.labels)[:8]} vs {labels[:8]}."
+        )
+    if posterior is not None:
+        draws, attrs = posterior_draws(posterior, tuple(labels), int(samples), seed)
+    else:
+        cov = cov if samples else None
+        draws = draw_samples(x_hat, cov, int(samples), seed=int(seed))
+        attrs = {"draws_from": "laplace" if samples else "none"}
+    return np.concatenate([x_hat[None, :], draws.astype(x_hat.dtype)]), attrs
 
 
 def forecast(
@@ -397,6 +406,7 @@ def forecast(
     max_steps: int | None = None,
     chunk_size: int | None = None,
     observation_noise: bool = True,
+    posterior=None,
 ) -> xr.Dataset:
     """Run scenarios over the uncertainty of a fitted model.
 
@@ -440,6 +450,10 @@ def forecast(
             only (so is a `least_squares` one, which has no noise model).
             `estimate_*`, compartments, `R_eff` and derived series have no
             noise; each quantile variable's `bands` attribute says which.
+        posterior: draws from a posterior sample of `epifit.sample` (a
+            `POSTERIOR.nc` path, a `Posterior` or an `arviz.InferenceData`
+            over the fit's free parameters) in place of the Laplace
+            approximation's: `samples` of its draws, chosen by `seed`.
 
     Returns:
         A Dataset with, for every observed series and chosen compartment `s`:

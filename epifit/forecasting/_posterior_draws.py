@@ -1,0 +1,84 @@
+"""Forecast draws from a posterior sample (`epifit sample`), in place of the
+Laplace approximation's."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from epifit._paths import file_sha256
+
+__all__ = ["posterior_draws"]
+
+
+def _posterior_group(posterior: Any) -> tuple[xr.Dataset, str]:
+    """The `posterior` group of a `POSTERIOR.nc` path, an ArviZ
+    `InferenceData` or an `epifit.sampling.Posterior`, and where it came from."""
+    if isinstance(posterior, str | os.PathLike):
+        path = Path(posterior)
+        if not path.is_file():
+            raise FileNotFoundError(f"Posterior file {path} does not exist.")
+        try:
+            group = xr.open_dataset(path, group="posterior").load()
+        except (OSError, ValueError, KeyError) as err:
+            raise ValueError(
+                f"{path}: not a posterior file of epifit sample (no readable "
+                f"'posterior' group: {err})"
+            ) from None
+        return group, str(path)
+    data = getattr(posterior, "data", posterior)  # a Posterior, or InferenceData
+    group = getattr(data, "posterior", None)
+    if not isinstance(group, xr.Dataset):
+        raise TypeError(
+            "posterior must be a POSTERIOR.nc path, an epifit Posterior or an "
+            f"arviz InferenceData; got {type(posterior).__name__}"
+        )
+    return group, ""
+
+
+def posterior_draws(
+    posterior: Any, labels: tuple[str, ...], samples: int, seed: int
+) -> tuple[np.ndarray, dict[str, Any]]:
+    """`samples` of the posterior's draws of the free vector, `(samples,
+    free)` (chosen without replacement, by `seed`, among all chains' draws),
+    and the provenance attributes of the forecast.
+
+    Raises:
+        ValueError: a file that is not a posterior, free parameters that are
+            not the fit's (naming the first that differs), or more samples
+            than the posterior has draws.
+    """
+    group, source = _posterior_group(posterior)
+    where = source or "posterior"
+    if "x" not in group or "free" not in group["x"].dims:
+        raise ValueError(
+            f"{where}: no free vector 'x' (chain, draw, free) to draw from"
+        )
+    theirs = tuple(str(v) for v in group["free"].values)
+    if theirs != tuple(labels):
+        diff = next(
+            (i for i, (a, b) in enumerate(zip(theirs, labels, strict=False)) if a != b),
+            min(len(theirs), len(labels)),
+        )
+        raise ValueError(
+            f"{where}: its free parameters are not the fit's ({len(theirs)} vs "
+            f"{len(labels)}; first difference at entry {diff}: "
+            f"{theirs[diff] if diff < len(theirs) else '-'!r} vs "
+            f"{labels[diff] if diff < len(labels) else '-'!r})"
+        )
+    x = np.asarray(group["x"].transpose("chain", "draw", "free").values, np.float64)
+    flat = x.reshape(-1, x.shape[-1])
+    if samples > flat.shape[0]:
+        raise ValueError(
+            f"samples = {samples} but {where} holds {flat.shape[0]} draws; give "
+            "at most that many"
+        )
+    pick = np.sort(np.random.default_rng(seed).choice(flat.shape[0], samples, False))
+    attrs = {"draws_from": "posterior", "posterior_draws": int(flat.shape[0])}
+    if source:
+        attrs |= {"posterior_file": source, "posterior_sha256": file_sha256(source)}
+    return flat[pick], attrs
