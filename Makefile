@@ -45,6 +45,7 @@ bench: $(STAMP)
 	if [ -f benchmarks/forecast.py ]; then \
 	  $(BIN)/python benchmarks/forecast.py --json out/bench_forecast.json; fi
 	$(BIN)/python benchmarks/coverage.py --json out/bench_coverage.json
+	$(BIN)/python benchmarks/sample.py --json out/bench_sample.json
 
 clean:
 	rm -rf $(VENV) out site .pytest_cache

@@ -185,3 +185,46 @@ def test_benchmark_optimizer_backs_off_from_failed_points():
     assert int(carry["status"]) == lbfgs.GRADIENT, carry["status"]
     assert not rejected.any()  # the line search, not a retreat, handled it
     np.testing.assert_allclose(carry["x"], [1.0, 1.0], rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_sample_benchmark_reports_every_tool_and_a_capped_peer(tmp_path):
+    """`benchmarks/sample.py` on a tiny run: epifit's record has the ESS and
+    cost figures; a peer past its cap is reported as stopped, not dropped."""
+    out = tmp_path / "sample.json"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks" / "sample.py"),
+            "--chains",
+            "2",
+            "--warmup",
+            "30",
+            "--draws",
+            "30",
+            "--tools",
+            "epifit,numpyro-odeint",
+            "--cap",
+            "600",
+            "--json",
+            str(out),
+        ],  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=1300,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    records = {r["tool"]: r for r in json.loads(out.read_text())}
+    ours = records["epifit"]
+    for key in ("sampling_s", "grads", "s_per_grad", "min_ess_bulk", "ess_per_s"):
+        assert ours[key] > 0, (key, ours)
+    assert ours["complete"] and ours["chains"] == 2
+    assert set(ours["means"]) == {"beta", "gamma", "I0"}
+    peer = records["numpyro-odeint"]
+    assert peer.get("complete") or "stopped at its time cap" in peer.get("note", "")
+    # both sample the same posterior: R0 = beta / gamma near the MAP's 3.9
+    for r in (ours, peer):
+        if r.get("complete"):
+            r0 = r["means"]["beta"] / r["means"]["gamma"]
+            assert 3.0 < r0 < 5.0, r

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from collections.abc import Callable
 
 import blackjax
@@ -172,9 +173,10 @@ def run_chain(
     """Chain `chain` from `x0`: warm-up (unless `resume` holds its result),
     then the draws chunk by chunk; `on_chunk(snapshot)` after each chunk (and
     after the warm-up) with the chain's state so far (what a checkpoint
-    saves). Returns `positions (draw, n)`, the `STATS` `(draw,)`, `step_size`
-    and `inverse_mass_matrix`."""
+    saves). Returns `positions (draw, n)`, the `STATS` `(draw,)`, `step_size`,
+    `inverse_mass_matrix` and the wall times `warmup_s`, `draws_s`."""
     s = programs.settings
+    t0 = time.perf_counter()
     if resume is None:
         if s.warmup:
             key = jax.random.fold_in(
@@ -195,8 +197,10 @@ def run_chain(
         }
         if on_chunk is not None:
             on_chunk(snap)
+        jax.block_until_ready(state)
     else:
         snap = resume
+    t1 = time.perf_counter()
     n_chunks = math.ceil(s.draws / s.chunk)
     while snap["done"] < n_chunks * s.chunk:
         keys = draw_keys(s.seed, chain, snap["done"], s.chunk)
@@ -212,6 +216,7 @@ def run_chain(
         }
         if on_chunk is not None:
             on_chunk(snap)
+    t2 = time.perf_counter()
     positions = np.concatenate(snap["positions"])[: s.draws]
     stats = {
         name: np.concatenate([c[i] for c in snap["stats"]])[: s.draws]
@@ -222,4 +227,6 @@ def run_chain(
         "stats": stats,
         "step_size": float(snap["step_size"]),
         "inverse_mass_matrix": np.asarray(snap["inverse_mass_matrix"]),
+        "warmup_s": t1 - t0,  # the first chain's includes the compiles
+        "draws_s": t2 - t1,
     }

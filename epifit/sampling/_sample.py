@@ -124,7 +124,12 @@ def sample(
         settings,
         x_map=x_map,
         provenance=start["provenance"],
-        timing={"sampling_s": sampling_s, "wall_s": time.perf_counter() - wall},
+        timing={
+            "sampling_s": sampling_s,
+            "wall_s": time.perf_counter() - wall,
+            "warmup_s": [r["warmup_s"] for r in results],
+            "draws_s": [r["draws_s"] for r in results],
+        },
     )
     return Posterior(idata)
 

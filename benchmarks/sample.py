@@ -1,0 +1,284 @@
+"""NUTS benchmark: epifit.sample against numpyro's NUTS over diffrax and
+over `jax.experimental.ode.odeint`, on the boarding-school SIR.
+
+The posterior: `models/sir.toml` with a Poisson likelihood of `in_bed` (the
+1978 outbreak, 14 days) and log-normal priors on beta (median 1.7, sdlog
+0.5), gamma (0.45, 0.5) and I0 (2, 1). Every tool runs the same NUTS
+settings (chains one after another, `--warmup` adaptation steps, `--draws`
+draws, target acceptance 0.8, tree depth 10), the same solver tolerances
+(rtol = atol = 1e-6) and starts near the MAP: epifit from draws of its
+Laplace approximation, numpyro at the MAP values (`init_to_value`).
+
+Each tool runs in its own process, chain after chain, and prints a line per
+finished chain, so a peer stopped at its time cap (`--cap`) is reported
+with the chains it finished. Reported per tool: wall time of the sampling
+(warm-up and draws, compiles included), the first chain's extra time (about
+the compile), gradient evaluations of the draws (leapfrog steps), seconds per
+gradient inside the draws, minimum bulk ESS over the three parameters and
+per second of sampling, maximum R-hat and divergences.
+
+    python benchmarks/sample.py --warmup 500 --draws 500 --json out/bench_sample.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _harness as h  # noqa: E402
+
+PRIORS = {"beta": (1.7, 0.5), "gamma": (0.45, 0.5), "I0": (2.0, 1.0)}
+N = 763.0
+TOL = 1e-6
+TOOLS = ("epifit", "numpyro-diffrax", "numpyro-odeint")
+
+
+def _data():
+    import xarray as xr
+
+    return xr.open_dataset(h.ROOT / "data" / "boarding_school_1978.nc").load()
+
+
+def _epifit_spec():
+    from epifit.model import loads_model
+
+    text = (h.ROOT / "models" / "sir.toml").read_text()
+    text = text.replace('family = "least_squares"', 'family = "poisson"')
+    return loads_model(text, path="sir_poisson.toml")
+
+
+def _fit_config() -> dict:
+    return {
+        "rtol": TOL,
+        "atol": TOL,
+        "parameters": {
+            p: {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
+            for p, (m, s) in PRIORS.items()
+        },
+    }
+
+
+def _epifit_map():
+    import epifit
+
+    return epifit.calibrate(_epifit_spec(), _data(), fit=_fit_config(), progress=False)
+
+
+def worker_epifit(a) -> None:
+    import numpy as np
+
+    import epifit
+
+    fit = _epifit_map()
+    t = time.perf_counter()
+    post = epifit.sample(init=fit, chains=a.chains, warmup=a.warmup, draws=a.draws,
+                         seed=a.seed, progress=False)  # fmt: skip
+    timing = json.loads(post.data.posterior.attrs["timing"])
+    p = post.data.posterior
+    h.emit(
+        {
+            "chains": a.chains,
+            "wall_s": time.perf_counter() - t,
+            "sampling_s": timing["sampling_s"],
+            "first_chain_extra_s": timing["warmup_s"][0]
+            - float(np.median(timing["warmup_s"][1:] or [0.0])),
+            "draws_s": float(sum(timing["draws_s"])),
+            "grads": int(post.data.sample_stats["n_steps"].sum()),
+            "draws": {k: p[k].values.tolist() for k in PRIORS},
+            "divergences": int(post.data.sample_stats["diverging"].sum()),
+        }
+    )
+
+
+def _numpyro_model(kind: str, y):
+    import jax.numpy as jnp
+    import numpyro
+    import numpyro.distributions as dist
+
+    ts = jnp.arange(14.0)
+
+    def rhs(u, beta, gamma):
+        new = beta * u[0] * u[1] / N
+        return jnp.stack([-new, new - gamma * u[1]])
+
+    if kind == "diffrax":
+        import diffrax
+
+        term = diffrax.ODETerm(lambda t, u, args: rhs(u, *args))
+
+        def solve(beta, gamma, i0):
+            sol = diffrax.diffeqsolve(
+                term, diffrax.Tsit5(), 0.0, 13.0, 0.1, jnp.stack([N - i0, i0]),
+                args=(beta, gamma), saveat=diffrax.SaveAt(ts=ts),
+                stepsize_controller=diffrax.PIDController(rtol=TOL, atol=TOL),
+                max_steps=4096,
+            )  # fmt: skip
+            return sol.ys[:, 1]
+    else:
+        from jax.experimental.ode import odeint
+
+        def solve(beta, gamma, i0):
+            ys = odeint(lambda u, t, b, g: rhs(u, b, g), jnp.stack([N - i0, i0]), ts,
+                        beta, gamma, rtol=TOL, atol=TOL)  # fmt: skip
+            return ys[:, 1]
+
+    def model():
+        theta = {
+            p: numpyro.sample(p, dist.LogNormal(math.log(m), s))
+            for p, (m, s) in PRIORS.items()
+        }
+        mu = jnp.maximum(solve(theta["beta"], theta["gamma"], theta["I0"]), 1e-12)
+        numpyro.sample("y", dist.Poisson(mu), obs=y)
+
+    return model
+
+
+def worker_numpyro(a, kind: str) -> None:
+    import jax
+    import numpy as np
+    from numpyro.infer import MCMC, NUTS, init_to_value
+
+    jax.config.update("jax_enable_x64", True)
+    fit = _epifit_map()
+    start = {p: float(fit.parameters[p]) for p in PRIORS}
+    y = np.asarray(_data()["in_bed"].values, np.float64)
+    model = _numpyro_model(kind, y)
+    draws = {p: [] for p in PRIORS}
+    grads = div = 0
+    t0 = time.perf_counter()
+    warm, run = [], []
+    for c in range(a.chains):
+        kernel = NUTS(model, target_accept_prob=0.8, max_tree_depth=10,
+                      init_strategy=init_to_value(values=start))  # fmt: skip
+        mcmc = MCMC(kernel, num_warmup=a.warmup, num_samples=a.draws,
+                    num_chains=1, progress_bar=False)  # fmt: skip
+        key = jax.random.fold_in(jax.random.key(a.seed), c)
+        t = time.perf_counter()
+        mcmc.warmup(key, extra_fields=("num_steps", "diverging"))
+        warm.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        mcmc.run(
+            mcmc.post_warmup_state.rng_key, extra_fields=("num_steps", "diverging")
+        )
+        run.append(time.perf_counter() - t)
+        s = mcmc.get_samples()
+        extra = mcmc.get_extra_fields()
+        for p in PRIORS:
+            draws[p].append(np.asarray(s[p]).tolist())
+        grads += int(np.sum(extra["num_steps"]))
+        div += int(np.sum(extra["diverging"]))
+        h.emit(
+            {
+                "chains": c + 1,
+                "sampling_s": time.perf_counter() - t0,
+                "first_chain_extra_s": warm[0] - float(np.median(warm[1:] or [0.0])),
+                "draws_s": float(sum(run)),
+                "grads": grads,
+                "draws": draws,
+                "divergences": div,
+            }
+        )
+
+
+def _summarise(tool: str, rec: dict, a) -> dict:
+    """ESS, R-hat and rates from a worker's draws."""
+    import arviz as az
+    import numpy as np
+
+    out = {"tool": tool, **{k: v for k, v in rec.items() if k != "draws"}}
+    if "draws" not in rec:
+        return out
+    post = {p: np.asarray(v) for p, v in rec["draws"].items()}
+    idata = az.from_dict(posterior=post)
+    ess = az.ess(idata, method="bulk")
+    out["min_ess_bulk"] = float(min(ess[p].values for p in PRIORS))
+    if rec["chains"] > 1:
+        rhat = az.rhat(idata)
+        out["max_r_hat"] = float(max(rhat[p].values for p in PRIORS))
+    out["ess_per_s"] = out["min_ess_bulk"] / rec["sampling_s"]
+    out["s_per_grad"] = rec["draws_s"] / max(rec["grads"], 1)
+    out["means"] = {p: float(post[p].mean()) for p in PRIORS}
+    out["complete"] = rec["chains"] == a.chains
+    return out
+
+
+def _run_capped(tool: str, a) -> dict:
+    """The tool's worker, stopped at `--cap` seconds; its last complete line."""
+    argv = [sys.executable, __file__, "--worker", tool]
+    argv += ["--chains", str(a.chains), "--warmup", str(a.warmup)]
+    argv += ["--draws", str(a.draws), "--seed", str(a.seed)]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=a.cap)
+        stdout, note = proc.stdout, "" if proc.returncode == 0 else proc.stderr
+    except subprocess.TimeoutExpired as e:
+        stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
+        note = f"stopped at its time cap of {a.cap:.0f} s"
+    lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
+    rec = json.loads(lines[-1]) if lines else {}
+    if note:
+        rec["note"] = note.strip().splitlines()[-1] if note.strip() else note
+    return _summarise(tool, rec, a)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chains", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=500)
+    ap.add_argument("--draws", type=int, default=500)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--cap", type=float, default=900.0, help="seconds per tool")
+    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--worker", choices=TOOLS, help=argparse.SUPPRESS)
+    ap.add_argument("--json")
+    a = ap.parse_args(argv)
+    if a.worker:
+        import jax
+
+        jax.config.update("jax_enable_x64", True)
+        if a.worker == "epifit":
+            worker_epifit(a)
+        else:
+            worker_numpyro(a, a.worker.split("-")[1])
+        return 0
+    tools = [t.strip() for t in a.tools.split(",") if t.strip()]
+    for t in tools:
+        if t not in TOOLS:
+            ap.error(f"--tools: unknown tool {t!r}; expected some of {list(TOOLS)}")
+    records = [_run_capped(t, a) for t in tools]
+    best_peer = max(
+        (r.get("ess_per_s", 0.0) for r in records if r["tool"] != "epifit"),
+        default=0.0,
+    )
+    for r in records:
+        if r["tool"] == "epifit" and best_peer:
+            r["ess_per_s_vs_fastest_peer"] = r.get("ess_per_s", 0.0) / best_peer
+    cols = [
+        ("tool", "tool", ""),
+        ("chains", "chains", ""),
+        ("sampling_s", "sampling s", "{:.1f}"),
+        ("first_chain_extra_s", "1st chain extra s", "{:.1f}"),
+        ("grads", "grads (draws)", ""),
+        ("s_per_grad", "s/grad", "{:.2e}"),
+        ("min_ess_bulk", "min ESS", "{:.0f}"),
+        ("ess_per_s", "ESS/s", "{:.2f}"),
+        ("max_r_hat", "R-hat", "{:.3f}"),
+        ("divergences", "div", ""),
+        ("note", "note", ""),
+    ]
+    print(h.table(records, cols))
+    for r in records:
+        if "ess_per_s_vs_fastest_peer" in r:
+            ratio = r["ess_per_s_vs_fastest_peer"]
+            print(f"epifit ESS/s vs the fastest peer: {ratio:.1f}x")
+    h.write_json(a.json, records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
