@@ -81,7 +81,7 @@ SOLVERS = tuple(
 )
 UNCERTAINTY_METHODS = ("auto", "hessian", "gauss_newton", "none")
 NOISE = ("auto", "estimate", "known")
-PRIORS = ("normal", "lognormal")
+PRIORS = ("normal", "lognormal", "flat")
 
 _COMMON = ("method", "iterations", "tolerance", "loss_tolerance", "patience")
 _SCHEDULE = (
@@ -162,7 +162,9 @@ def _plain_option(value: Any) -> Any:
 @dataclasses.dataclass(frozen=True)
 class PriorConfig:
     """A prior on the constrained value: `normal` (`mean`, `sd`) or `lognormal`
-    (`median`, `sdlog`: `log(value)` is normal with mean `log(median)`)."""
+    (`median`, `sdlog`: `log(value)` is normal with mean `log(median)`), or
+    `flat` (improper, on the unconstrained scale; `a`, `b` unused). On a
+    neural sub-model, `normal` applies to every weight and bias."""
 
     family: str
     a: float
@@ -445,6 +447,9 @@ def _prior(r: _Reader, value: Any, loc: str) -> PriorConfig:
             f"got {value!r}",
         )
     family = r.choice(value.get("family", "normal"), at(loc, "family"), PRIORS)
+    if family == "flat":  # improper, on the unconstrained scale: no numbers
+        r.table(value, loc, optional=("family",))
+        return PriorConfig(family, 0.0, 1.0)
     keys = ("mean", "sd") if family == "normal" else ("median", "sdlog")
     t = r.table(value, loc, required=keys, optional=("family",))
     a = r.number(t[keys[0]], at(loc, keys[0]))

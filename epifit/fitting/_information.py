@@ -56,8 +56,8 @@ def shared_parameter_note(objective: Objective) -> str:
 
 def fit_information(objective: Objective, x, ys, data) -> dict[str, Any]:
     """The `FitResult` fields `log_likelihood`, `aic`, `bic`, `n_parameters`,
-    `n_data` and `notes` at the fitted free vector `x`, whose solve gave the
-    states `ys`."""
+    `n_data`, `notes` and `priors` (every free parameter's prior) at the
+    fitted free vector `x`, whose solve gave the states `ys`."""
     ll = float(np.asarray(jit(objective.log_likelihood_at)(x, ys, data)))
     k, n = int(objective.free.n), int(objective.n_data)
     aic, bic = information_criteria(ll, k, n)
@@ -69,4 +69,5 @@ def fit_information(objective: Objective, x, ys, data) -> dict[str, Any]:
         n_parameters=k,
         n_data=n,
         notes=[note] if note else [],
+        priors=dict(objective.free.records),
     )

@@ -62,17 +62,33 @@ def _fail(config: FitConfig, name: str, field: str, reason: str) -> FitConfigErr
 
 
 def _override_neural(neural, o: ParameterOverride, config: FitConfig):
-    """A neural sub-model with its override: only `fixed` (and `l2`, a
-    penalty, not part of the model) apply."""
-    for field in ("value", "transform", "bounds", "prior"):
+    """A neural sub-model with its override: only `fixed` (and `l2` or a
+    normal or flat `prior` on its weights, not part of the model) apply."""
+    for field in ("value", "transform", "bounds"):
         if getattr(o, field) is not None:
             raise _fail(
                 config,
                 neural.name,
                 field,
-                f"'{neural.name}' is a neural sub-model; only 'fixed' and 'l2' "
-                "apply to it",
+                f"'{neural.name}' is a neural sub-model; only 'fixed', 'prior' and "
+                "'l2' apply to it",
             )
+    if o.prior is not None and o.prior.family == "lognormal":
+        raise _fail(
+            config,
+            neural.name,
+            "prior",
+            f"'{neural.name}' is a neural sub-model: its weights take a normal or "
+            "flat prior, not lognormal",
+        )
+    if o.prior is not None and o.l2:
+        raise _fail(
+            config,
+            neural.name,
+            "l2",
+            f"'{neural.name}' has both a prior and l2 (an l2 penalty is a normal "
+            "prior on the weights); give one of them",
+        )
     if o.fixed is not None and o.fixed != neural.fixed:
         return dataclasses.replace(neural, fixed=o.fixed)
     return neural

@@ -8,7 +8,6 @@ sub-models (activations) and everything else stay outside `x` and never move.
 
 from __future__ import annotations
 
-import abc
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -25,7 +24,17 @@ from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
 from epifit._toml import read_values_file
-from epifit.fitting._config import FitConfig, FitConfigError, PriorConfig
+from epifit.fitting._config import FitConfig, FitConfigError
+from epifit.fitting._priors import (
+    AbstractGaussianPrior,
+    AbstractPrior,
+    LogNormal,
+    Normal,
+    WeightPrior,
+    default_weight_prior,
+    make_prior,
+    prior_record,
+)
 from epifit.fitting._result import FitResult
 from epifit.model import coefficient_labels, random_walk_nll, random_walk_residuals
 from epifit.simulation import Problem, load_params
@@ -40,64 +49,6 @@ __all__ = [
     "problem_labels",
     "time_labels",
 ]
-
-
-# ------------------------------------------------------------------------ priors
-class AbstractPrior(eqx.Module):
-    """A prior on a parameter's constrained value; `nll` is its negative
-    log-density (up to a constant), summed over the elements."""
-
-    @abc.abstractmethod
-    def nll(self, value: Array) -> Float[Array, ""]: ...
-
-
-class AbstractGaussianPrior(AbstractPrior):
-    """Marks priors whose `nll` is a sum of squares of `residuals`, so that
-    least-squares methods (Gauss-Newton, Levenberg-Marquardt) can use them."""
-
-    @abc.abstractmethod
-    def residuals(self, value: Array) -> Float[Array, " n"]: ...
-
-
-class Normal(AbstractGaussianPrior):
-    """`value ~ Normal(mean, sd)` on the constrained scale."""
-
-    mean: float
-    sd: float
-
-    def __check_init__(self):
-        if not self.sd > 0:
-            raise ValueError(f"Normal prior needs sd > 0; got sd={self.sd}.")
-
-    def residuals(self, value):
-        return jnp.ravel((value - self.mean) / (self.sd * math.sqrt(2.0)))
-
-    def nll(self, value):
-        return jnp.sum(jnp.square(self.residuals(value)))
-
-
-class LogNormal(AbstractPrior):
-    """`log(value) ~ Normal(log(median), sdlog)`: a prior for positive values."""
-
-    median: float
-    sdlog: float
-
-    def __check_init__(self):
-        if not (self.median > 0 and self.sdlog > 0):
-            raise ValueError(
-                "LogNormal prior needs median > 0 and sdlog > 0; got "
-                f"median={self.median}, sdlog={self.sdlog}."
-            )
-
-    def nll(self, value):
-        z = (jnp.log(value) - math.log(self.median)) / self.sdlog
-        return jnp.sum(0.5 * jnp.square(z) + jnp.log(value))
-
-
-def make_prior(config: PriorConfig) -> AbstractPrior:
-    if config.family == "normal":
-        return Normal(config.a, config.b)
-    return LogNormal(config.a, config.b)
 
 
 # --------------------------------------------------------------- free parameters
@@ -192,11 +143,27 @@ class FreeParameters:
         config = FitConfig() if config is None else config
         self.priors: dict[str, AbstractPrior] = {}
         self.l2: dict[str, float] = {}
+        flat = set()  # declared flat
         for name, o in config.parameters.items():
-            if o.prior is not None:
-                self.priors[name] = make_prior(o.prior)
+            if o.prior is not None and (prior := make_prior(o.prior)) is not None:
+                self.priors[name] = prior
+            elif o.prior is not None:
+                flat.add(name)
             if o.l2:
                 self.l2[name] = float(o.l2)
+        # the weights of free neural sub-models: a declared normal prior on
+        # every weight, or l2, or flat, else the default (see `_priors.py`)
+        for n in problem.spec.neural:
+            if n.name not in self.names:
+                continue
+            declared = self.priors.pop(n.name, None)
+            if n.name in flat or n.name in self.l2:
+                continue
+            self.priors[n.name] = default_weight_prior(
+                params[n.name],
+                mean=0.0 if declared is None else declared.mean,
+                sd=None if declared is None else declared.sd,
+            )
         # random-walk priors of the free time-varying parameters
         self.smoothing = {
             p.name: p.smoothing
@@ -208,6 +175,24 @@ class FreeParameters:
         self.least_squares_penalty = not self.smoothing and all(
             isinstance(p, AbstractGaussianPrior) for p in self.priors.values()
         )
+        self.records = self._records(flat)
+
+    def _records(self, flat: set[str]) -> dict[str, dict]:
+        """The prior of every free parameter (see `prior_record`)."""
+        out = {}
+        for name in dict.fromkeys(self.names):
+            if name in self.smoothing:
+                out[name] = prior_record(None, smoothing=self.smoothing[name])
+            elif name in self.l2:
+                sd = 1.0 / math.sqrt(2.0 * self.l2[name])
+                out[name] = {**prior_record(Normal(0.0, sd)), "on": "unconstrained"}
+                out[name]["l2"] = self.l2[name]
+            elif name in self.priors:
+                out[name] = prior_record(self.priors[name])
+            else:
+                source = "fit" if name in flat else "default"
+                out[name] = prior_record(None, source=source)
+        return out
 
     def params(self, x: Float[Array, " n"], rest) -> Any:
         """The full parameter pytree for free vector `x` and fixed leaves `rest`."""
@@ -231,7 +216,8 @@ class FreeParameters:
         if self.priors:
             values = self.problem.model.constrain(params)
             for name, prior in self.priors.items():
-                total = total + prior.nll(values[name])
+                on = params if isinstance(prior, WeightPrior) else values
+                total = total + prior.nll(on[name])
         for name, lam in self.l2.items():
             leaves = jtu.tree_leaves(eqx.filter(params[name], eqx.is_inexact_array))
             total = total + lam * sum(jnp.sum(jnp.square(v)) for v in leaves)
@@ -255,7 +241,8 @@ class FreeParameters:
                         "levenberg_marquardt) cannot use it. Use a normal prior, or "
                         "the lbfgs or adam optimisers."
                     )
-                parts.append(prior.residuals(values[name]))
+                on = params if isinstance(prior, WeightPrior) else values
+                parts.append(prior.residuals(on[name]))
         for name, lam in self.l2.items():
             leaves = jtu.tree_leaves(eqx.filter(params[name], eqx.is_inexact_array))
             parts += [math.sqrt(lam) * jnp.ravel(v) for v in leaves]

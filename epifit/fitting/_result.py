@@ -75,6 +75,10 @@ class FitResult:
             points. None when read from an older `FIT.nc`.
         notes: one-line remarks on the fit that are neither errors nor
             warnings (e.g. scalar parameters shared by several patches).
+        priors: free parameter (or neural sub-model) -> its prior's record
+            (`family`, its numbers, `on`, `source`; see
+            `epifit.fitting._priors`): the loss is the negative log posterior.
+            Empty when read from a `FIT.nc` written before priors were stored.
     """
 
     params: Any
@@ -113,6 +117,7 @@ class FitResult:
     n_parameters: int | None = None
     n_data: int | None = None
     notes: list[str] = dataclasses.field(default_factory=list)
+    priors: dict = dataclasses.field(default_factory=dict)
 
     # -- views ----------------------------------------------------------------------
     @property

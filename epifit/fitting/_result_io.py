@@ -25,6 +25,7 @@ from epifit._paths import file_sha256
 from epifit.data import PATCH, TIME, DataError, open_dataset
 from epifit.fitting._config import parse_fit_config
 from epifit.fitting._overrides import override_spec
+from epifit.fitting._priors import check_prior_records
 from epifit.model import as_model, compile_model, loads_model
 from epifit.simulation import Problem
 
@@ -182,6 +183,7 @@ def _information_attributes(fit: Any) -> dict:
         }
     )
     attrs["notes"] = json.dumps(list(fit.notes))
+    attrs["priors"] = json.dumps(fit.priors)
     return attrs
 
 
@@ -466,7 +468,19 @@ def _stored_fields(ds: xr.Dataset, path) -> dict[str, Any]:
         **{k: float(a.get(k, np.nan)) for k in INFORMATION_FLOATS},
         **{k: int(a[k]) if k in a else None for k in INFORMATION_COUNTS},
         notes=_stored_notes(ds, path),
+        priors=_stored_priors(ds, path),
     )
+
+
+def _stored_priors(ds: xr.Dataset, path) -> dict:
+    """Every free parameter's prior (none in a file written before them)."""
+    if "priors" not in ds.attrs:
+        return {}
+    priors = _json_attr(ds, path, "priors")
+    names = {str(lab).split("[")[0].split(".")[0] for lab in ds["free"].values}
+    if why := check_prior_records(priors, names):
+        raise _damaged(path, why)
+    return priors
 
 
 def _stored_notes(ds: xr.Dataset, path) -> list[str]:

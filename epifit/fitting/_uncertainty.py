@@ -1,8 +1,9 @@
 """Laplace approximation at the optimum: standard errors and intervals.
 
-The posterior (or sampling distribution) of the free unconstrained vector `x`
-is approximated by `Normal(x̂, H⁻¹)`, with `H` the Hessian of the negative
-log-likelihood (plus log-prior) at the optimum:
+The posterior of the free unconstrained vector `x` (every free parameter,
+neural weights included) is approximated by `Normal(x̂, H⁻¹)`, with `H` the
+Hessian of the negative log posterior (the negative log-likelihood plus every
+free parameter's negative log-prior, see `_priors.py`) at the MAP `x̂`:
 
 * `gauss_newton` (least squares): `H = JᵀJ / s² + 2 J_pᵀJ_p` with `J` the
   Jacobian of the data residuals `sqrt(w) (predicted - observed)` (forward
@@ -16,6 +17,12 @@ intervals reflect the scatter of the data (`noise = "estimate"`, the default
 for all-least_squares fits). With `noise = "known"` the weights are taken as
 `1 / (2 σ²)` and the loss as the negative log-likelihood. A `gaussian`
 observation (with its `sd`) is a likelihood already: nothing is estimated.
+
+Curvature is judged on `H` scaled to a unit diagonal. Where the `hessian` is
+not positive definite, the message names the directions of negative or no
+curvature (eigenvalue and largest loadings) and the fallback used: the data
+Hessian with its negative eigenvalues set to zero plus the priors' Hessian.
+Directions still without curvature (flat priors) get infinite variance.
 
 Intervals on the constrained scale map the normal quantiles of `x` through the
 (monotone) transform, so they respect bounds; standard errors are the delta
@@ -49,10 +56,13 @@ class Laplace:
     Attributes:
         method: `gauss_newton` or `hessian`.
         covariance: `(n, n)` covariance of the free vector.
-        precision: `(n, n)` the matrix inverted (`H`).
+        precision: `(n, n)` the matrix inverted (`H`, or the fallback's).
         noise_variance: the estimated residual variance `s²`
             (least_squares observations with estimated noise), else None.
-        message: a note when the Hessian was not positive definite, else "".
+        message: a note when the Hessian was not positive definite (naming
+            the directions and the fallback taken), else "".
+        hessian: `(n, n)` the Hessian of the negative log posterior at `x`
+            (scaled as `precision`), before any fallback.
     """
 
     method: str
@@ -60,6 +70,7 @@ class Laplace:
     precision: np.ndarray
     noise_variance: float | None
     message: str = ""
+    hessian: np.ndarray | None = None
 
 
 def laplace(
@@ -108,11 +119,12 @@ def laplace(
         k = objective.n_data_rows
         rd, Jd, Jp = r[:k], J[:k], J[k:]
         ssr = float(rd @ rd)
+        Hp = 2.0 * Jp.T @ Jp
         if estimate:
             s2 = ssr / dof if dof > 0 else math.nan
-            H = Jd.T @ Jd / s2 + 2.0 * Jp.T @ Jp
+            Hd = Jd.T @ Jd / s2
         else:
-            H = 2.0 * (Jd.T @ Jd + Jp.T @ Jp)
+            Hd = 2.0 * Jd.T @ Jd
     elif method == "hessian":
         # the data part is the expensive one (a solve); the penalty has none
         Hd = np.asarray(jit(objective.data_hessian)(x, data), np.float64)
@@ -123,43 +135,133 @@ def laplace(
             else:
                 ssr = float(loss) - float(jit(objective.penalty)(x, data))
             s2 = ssr / dof if dof > 0 else math.nan
-            H = Hd / (2.0 * s2) + Hp
-        else:
-            H = Hd + Hp
+            Hd = Hd / (2.0 * s2)
     else:
         raise ValueError(
             f"Unknown uncertainty method {method!r}; expected auto, gauss_newton or "
             "hessian."
         )
-    H = 0.5 * (H + H.T)
-    cov, message = _inverse(H)
+    Hd, Hp = 0.5 * (Hd + Hd.T), 0.5 * (Hp + Hp.T)
+    raw = Hd + Hp
+    H, cov, message = _posterior(Hd, Hp, tuple(objective.free.labels))
     if s2 is not None and not math.isfinite(s2):
         message = (
             f"{objective.n_data} observed points for {n} free parameters: too few "
             "to estimate the noise variance; intervals are undefined."
         )
         cov = np.full_like(H, np.nan)
-    return Laplace(method, cov, H, s2, message)
+    return Laplace(method, cov, H, s2, message, raw)
 
 
 # eigenvalues below this fraction of the largest count as no curvature: the
 # Hessian of a loss through an adaptive solve is accurate to about the solver
 # tolerance, far from machine precision
 CURVATURE_RTOL = 1e-9
+# directions and loadings a note names
+NOTE_DIRECTIONS, NOTE_LOADINGS = 3, 3
+FALLBACK = (
+    "fallback: the covariance is the inverse of the data Hessian with its "
+    "negative eigenvalues set to zero plus the prior's Hessian (the "
+    "directions above keep the prior's curvature only, so their intervals are "
+    "as wide as the prior says)"
+)
 
 
-def _inverse(H: np.ndarray) -> tuple[np.ndarray, str]:
+def _posterior(Hd: np.ndarray, Hp: np.ndarray, labels):
+    """`(H, H⁻¹, message)` for the data's and the priors' Hessians: `Hd + Hp`
+    when positive (semi-)definite (`_inverse`); else, with negative
+    curvature, a note naming the directions and the fallback `psd(Hd) + Hp`
+    (the data's negative curvature set to zero, the priors' kept), whose
+    directions still without curvature get infinite variance (`_inverse`)."""
+    H = Hd + Hp
+    negative = False
+    if H.size and np.all(np.isfinite(H)):
+        w, _, _, bad = _curvature(H, Hp)
+        negative = bool(np.any(bad & (w < 0)))
+    if not negative:  # positive definite, or semi-definite: a pseudo-inverse
+        cov, message = _inverse(H, labels, Hp)
+        return H, cov, message
+    note = _indefinite(H, Hp, labels)
+    H = _psd(Hd) + Hp
+    cov, rest = _inverse(H, labels, Hp)
+    return H, cov, f"{note}; {FALLBACK}" + (f"; then {rest}" if rest else "")
+
+
+def _psd(H: np.ndarray) -> np.ndarray:
+    """`H` with its negative eigenvalues set to zero."""
+    w, V = np.linalg.eigh(H)
+    return (V * np.clip(w, 0.0, None)) @ V.T
+
+
+def _directions(w: np.ndarray, V: np.ndarray, bad: np.ndarray, labels) -> str:
+    """The bad eigenvectors (smallest eigenvalue first), each as its
+    eigenvalue and the labels with the largest loadings."""
+    out = []
+    for k in np.flatnonzero(bad)[np.argsort(w[bad])][:NOTE_DIRECTIONS]:
+        top = np.argsort(-np.abs(V[:, k]))[:NOTE_LOADINGS]
+        names = ", ".join(
+            f"{labels[i] if i < len(labels) else i} ({V[i, k]:+.2f})" for i in top
+        )
+        out.append(f"eigenvalue {w[k]:.3g}: {names}")
+    more = int(bad.sum()) - len(out)
+    return "; ".join(out) + (f"; and {more} more" if more > 0 else "")
+
+
+def _scaled(H: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`(D⁻¹ H D⁻¹, D)` with `D = sqrt|diag H|` (1 where the diagonal is
+    zero): the Hessian in coordinates of unit curvature, so that a direction's
+    curvature is judged against the others' whatever their units."""
+    d = np.sqrt(np.abs(np.diag(H)))
+    d = np.where(d > 0, d, 1.0)
+    return H / np.outer(d, d), d
+
+
+def _curvature(H: np.ndarray, Hp: np.ndarray | None):
+    """`(w, V, d, bad)`: the eigenvalues and eigenvectors of `H` scaled to a
+    unit diagonal, the scale, and the directions without usable curvature:
+    negative, or below `CURVATURE_RTOL` of the largest unless the priors
+    (`Hp`, exact: no solver error in them) give at least half of it (a
+    weight's prior curvature of 1 beside a count likelihood's 1e9 on the same
+    weight is curvature, not none)."""
+    Hs, d = _scaled(H)
+    w, V = np.linalg.eigh(Hs)
+    tiny = w <= CURVATURE_RTOL * max(w.max(), 0.0)
+    if Hp is None or not np.any(Hp):
+        return w, V, d, tiny
+    prior = np.einsum("ik,ij,jk->k", V, Hp / np.outer(d, d), V)
+    return w, V, d, (w <= 0) | (tiny & (prior < 0.5 * w))
+
+
+def _indefinite(H: np.ndarray, Hp: np.ndarray, labels) -> str:
+    """A note naming the directions of negative or no curvature of a finite
+    `H`, "" when it is positive definite (or not finite: `_inverse` says so)."""
+    if H.size == 0 or not np.all(np.isfinite(H)):
+        return ""
+    w, V, _, bad = _curvature(H, Hp)
+    if not bad.any():
+        return ""
+    return (
+        "the Hessian of the negative log posterior is not positive definite at "
+        f"the optimum: {int(bad.sum())} direction(s) of negative "
+        f"({int((w[bad] < 0).sum())}) or no curvature (eigenvalues of the "
+        "Hessian scaled to a unit diagonal), with the largest loadings "
+        f"{_directions(w, V, bad, labels)}"
+    )
+
+
+def _inverse(H: np.ndarray, labels=(), Hp=None) -> tuple[np.ndarray, str]:
     """`H⁻¹`, or for a Hessian that is not positive definite the pseudo-inverse
-    on its positive-curvature directions, with infinite variance for the
-    coordinates that lie appreciably (over a tenth of their length) in the
-    others."""
+    on its directions of curvature (`_curvature`, judged on `H` scaled to a
+    unit diagonal), with infinite variance for the coordinates that lie
+    appreciably (over a tenth of their length) in the others, and a note
+    naming those directions."""
     if H.size == 0:
         return H.copy(), ""
     if not np.all(np.isfinite(H)):
         return np.full_like(H, np.nan), "the Hessian is not finite at the optimum"
-    w, V = np.linalg.eigh(H)
-    good = w > CURVATURE_RTOL * max(w.max(), 0.0)
-    cov = (V[:, good] / w[good]) @ V[:, good].T
+    w, V, d, bad = _curvature(H, Hp)
+    good = ~bad
+    cov = (V[:, good] / w[good]) @ V[:, good].T / np.outer(d, d)
     if good.all():
         return cov, ""
     flat = np.sum(np.square(V[:, ~good]), axis=1) > 0.1
@@ -167,11 +269,12 @@ def _inverse(H: np.ndarray) -> tuple[np.ndarray, str]:
     cov[:, flat] = np.nan
     cov[flat, flat] = np.inf
     return cov, (
-        f"the Hessian is not positive definite: {int((~good).sum())} direction(s) "
-        "without curvature (not identified by the data) are left out of the "
-        f"covariance (a pseudo-inverse); {int(flat.sum())} coordinate(s) lying "
-        "in them have infinite standard errors. Priors or an l2 penalty "
-        "in the fit configuration identify them."
+        "the Hessian is not positive definite: "
+        f"{int((~good).sum())} direction(s) without curvature (not identified by "
+        f"the data, under flat priors; largest loadings "
+        f"{_directions(w, V, ~good, labels)}) are left out of the covariance "
+        f"(a pseudo-inverse); {int(flat.sum())} coordinate(s) lying in them have "
+        "infinite standard errors. Priors in the fit configuration identify them"
     )
 
 
