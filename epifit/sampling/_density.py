@@ -23,7 +23,9 @@ class LogDensity:
     density of `x` gains `log|dc/dx|` for every element of a parameter with a
     prior. A free parameter without a prior has a flat prior on `x` (the
     objective adds nothing for it): it needs data that pin it down, or the
-    posterior is improper.
+    posterior is improper. The weights of a neural sub-model are their own
+    unconstrained coordinates: their prior (by default a Gaussian, see
+    `docs/calibration.md`) needs no Jacobian.
 
     Args:
         objective: the fit's objective (`epifit.fitting.Objective`).
@@ -35,14 +37,6 @@ class LogDensity:
         specs = {p.name: p for p in objective.problem.spec.parameters}
         self.jacobian_names = tuple(n for n in free.priors if n in specs)
         self._specs = specs
-        neural = {n.name for n in objective.problem.spec.neural}
-        for name in free.priors:
-            if name in neural:
-                raise NotImplementedError(
-                    f"a prior on the neural sub-model '{name}' is not a prior on "
-                    "a constrained value; sample it without one (flat on its "
-                    "weights) or with an l2 penalty"
-                )
 
     def log_jacobian(self, x: Float[Array, " n"], data) -> Float[Array, ""]:
         """`sum log|dc/dx|` over the elements of the prior'd parameters."""
