@@ -135,7 +135,7 @@ def parse_batch(
     r = _Reader(file)
     root = Path(root).resolve()
     t = r.table(
-        data, None, required=("model", "data"), optional=TOP_KEYS[2:] + ("description",)
+        data, None, required=("model", "data"), optional=TOP_KEYS[:1] + TOP_KEYS[3:]
     )
     models = [
         _file(r, root, p, loc, "Model") for p, loc in _paths(r, t["model"], "model")
@@ -227,8 +227,8 @@ def _calibrate(r: _Reader, value: Any) -> dict[str, Any]:
                 t, file=r.file or "batch", names={k: f"calibrate.{k}" for k in t}
             )
         )
-    except (TypeError, ValueError) as e:
-        raise r.fail(None, str(e)) from None
+    except LocatedError as e:  # the FitConfigError of a field
+        raise r.fail(e.location, e.reason) from None
     return out
 
 
@@ -260,6 +260,8 @@ def _check_inputs(r: _Reader, models: list[str], fits: list[str]) -> None:
             raise r.fail("model", f"model file {m} is listed twice")
         load_model(m)
     for i, f in enumerate(fits):
+        if not f:  # no fit file: calibrate's defaults
+            continue
         if fits.index(f) != i:
             raise r.fail("fit", f"fit file {f} is listed twice")
         load_fit_config(f)
