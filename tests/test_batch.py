@@ -4,6 +4,7 @@ test_batch_cluster.py for the runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from pathlib import Path
@@ -280,3 +281,45 @@ def test_the_cli_refuses_bad_batches_and_flags(folder, capsys):
     assert "is not a folder" in capsys.readouterr().err
     assert main(["batch", str(folder / "none.toml"), "--out", str(out)]) == 2
     assert "Batch file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_task_fits_forecasts_and_merges_without_a_cluster(folder):
+    """`run_task` in this process (what a worker runs): the fit's FIT.nc, one
+    forecast per scenario file, the summary, and their merge; a failing task
+    beside it."""
+    from epifit.batch._merge import merge_tasks
+    from epifit.batch._task import run_task
+    from epifit.fitting import FitResult
+
+    (folder / "halve.toml").write_text(
+        "[scenarios.halve]\nchanges = [{ parameter = 'beta', scale = 0.5 }]\n"
+    )
+    text = ISSUE_FORM.replace("[0, 1, 2, 3]", "[5]") + (
+        "[calibrate]\nmax_iterations = 3\nuncertainty = 'gauss_newton'\n"
+        "[forecast]\ndays = 7\nsamples = 4\nscenarios = ['halve.toml']\n"
+    )
+    spec = load_batch(_write(folder, text))
+    tasks_dir = folder / "tasks"
+    tasks_dir.mkdir()
+    inputs = _inputs(spec, tasks_dir, True, None)
+    empty = open_dataset(BOARDING).drop_vars("in_bed")
+    write_dataset(empty, folder / "empty.nc")
+    broken = dataclasses.replace(inputs[1], data=str(folder / "empty.nc"))
+    summaries = [run_task(inputs[0]), run_task(broken)]
+    assert [s["status"] for s in summaries] == ["ok", "failed"]
+    assert summaries[1]["error"].startswith("DataError: ")
+    assert "in_bed" in summaries[1]["error"]
+    ds = merge_tasks([inputs[0], broken], tasks_dir, {}, {"batch_file": "b"})
+    assert list(ds["status"].values) == ["ok", "failed"]
+    assert ds["error"].values[1] == summaries[1]["error"]
+    fit = FitResult.from_netcdf(tasks_dir / str(ds["fit_file"].values[0]))
+    np.testing.assert_array_equal(
+        ds["estimate"].values[0], [r["estimate"] for r in fit.table]
+    )
+    assert fit.settings["seed"] == 5 and fit.iterations == 3
+    (name,) = str(ds["forecast_files"].values[0]).split(",")
+    forecast = open_dataset(tasks_dir / name)
+    assert forecast.attrs["epifit_kind"] == "forecast"
+    assert "halve" in [str(s) for s in forecast["scenario"].values]
+    assert ds["fit_file"].values[1] == "" and np.isnan(ds["estimate"].values[1]).all()

@@ -22,6 +22,7 @@ FLOATS = (
     "aic",
     "bic",
     "wall_s",
+    "cpu_s",
     "fit_s",
     "start_time",
     "end_time",
@@ -115,6 +116,7 @@ def _describe(ds) -> None:
     ds["error"].attrs["long_name"] = "why the task failed (empty when ok)"
     ds["wall_s"].attrs["long_name"] = "seconds the task ran on its worker"
     ds["fit_s"].attrs["long_name"] = "seconds of the task's calibrate"
+    ds["cpu_s"].attrs["long_name"] = "CPU seconds of the task's worker process"
     ds["start_time"].attrs["units"] = "seconds since 1970-01-01 (UTC)"
     ds["end_time"].attrs["units"] = "seconds since 1970-01-01 (UTC)"
     ds["fit_file"].attrs["long_name"] = "the task's FIT.nc, relative to tasks/"

@@ -133,7 +133,7 @@ def run_task(task: TaskInput) -> dict[str, Any]:
     (`key`, `status`, `error`, `wall_s`). Errors of the fit are recorded, not
     raised."""
     start = time.time()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     _configure(task)
     out = Path(task.out_dir)
     record: dict[str, Any] = {"status": "ok", "error": "", "fit_file": ""}
@@ -154,6 +154,7 @@ def run_task(task: TaskInput) -> dict[str, Any]:
         start_time=start,
         end_time=time.time(),
         wall_s=time.perf_counter() - t0,
+        cpu_s=time.process_time() - cpu0,
         fit_s=fit_s,
         host=socket.gethostname(),
         pid=os.getpid(),
