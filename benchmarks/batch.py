@@ -88,6 +88,8 @@ def _batch_file(folder: Path, name: str, data, seeds, a) -> Path:
 
 
 def _run(batch: Path, out: Path, workers: int, cache: Path) -> dict:
+    import numpy as np
+
     from epifit.batch import run_batch
 
     t = time.perf_counter()
@@ -96,8 +98,8 @@ def _run(batch: Path, out: Path, workers: int, cache: Path) -> dict:
     ds = r.dataset
     if r.n_failed:
         raise RuntimeError(f"{r.n_failed} tasks failed: {set(ds['error'].values)}")
-    start = ds["start_time"].values.astype("datetime64[ns]").astype(float) / 1e9
-    end = ds["end_time"].values.astype("datetime64[ns]").astype(float) / 1e9
+    start = ds["start_time"].values.astype("datetime64[ns]").astype(np.int64) / 1e9
+    end = ds["end_time"].values.astype("datetime64[ns]").astype(np.int64) / 1e9
     n = ds.sizes["task"]
     makespan = float(end.max() - start.min())
     task_s, fit_s = float(ds["wall_s"].sum()), float(ds["fit_s"].sum())

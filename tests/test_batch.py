@@ -284,7 +284,7 @@ def test_the_cli_refuses_bad_batches_and_flags(folder, capsys):
 
 
 @pytest.mark.slow
-def test_a_task_fits_forecasts_and_merges_without_a_cluster(folder):
+def test_a_task_fits_forecasts_and_merges_without_a_cluster(folder, monkeypatch):
     """`run_task` in this process (what a worker runs): the fit's FIT.nc, one
     forecast per scenario file, the summary, and their merge; a failing task
     beside it."""
@@ -292,6 +292,7 @@ def test_a_task_fits_forecasts_and_merges_without_a_cluster(folder):
     from epifit.batch._task import run_task
     from epifit.fitting import FitResult
 
+    monkeypatch.setenv("EPIFIT_NO_CACHE", "1")  # no cache in this process
     (folder / "halve.toml").write_text(
         "[scenarios.halve]\nchanges = [{ parameter = 'beta', scale = 0.5 }]\n"
     )

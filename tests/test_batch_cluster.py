@@ -22,6 +22,7 @@ import pytest
 
 from epifit.batch import run_batch
 from epifit.batch._task import read_task
+from epifit.cli import main
 from epifit.data import open_dataset, write_dataset
 
 pytestmark = pytest.mark.slow
@@ -203,7 +204,9 @@ def _task_files(tasks: Path) -> list[Path]:
     return sorted(p for p in tasks.glob("task-*.nc") if not p.name.endswith(".fit.nc"))
 
 
-def test_resume_after_the_batch_was_killed_runs_only_the_missing_tasks(tmp_path):
+def test_resume_after_the_batch_was_killed_runs_only_the_missing_tasks(
+    tmp_path, monkeypatch, capsys
+):
     _datasets(tmp_path)
     # 2 x 2 tasks: both workers start together, so when the first file is
     # written the other worker is mid-task and two tasks have not started
@@ -247,11 +250,14 @@ def test_resume_after_the_batch_was_killed_runs_only_the_missing_tasks(tmp_path)
     assert result.n_ok == 4
     assert {p.name: p.stat().st_mtime_ns for p in done} == stamps  # untouched
     assert not list(tasks.glob(".*.tmp"))
-    # a second resume runs nothing and writes the same table
-    again = run_batch(
-        tmp_path / "batch.toml", out, workers=2, resume=True, progress=False
-    )
-    assert again.ran == [] and len(again.skipped) == 4
+    # a second resume, from the command line, runs nothing (no cluster) and
+    # writes the same table
+    monkeypatch.setenv("EPIFIT_NO_CACHE", "1")
+    argv = ["batch", str(tmp_path / "batch.toml"), "--out", str(out), "--resume"]
+    assert main([*argv, "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert (summary["ran"], summary["skipped"], summary["ok"]) == (0, 4, 4)
     np.testing.assert_array_equal(
-        again.dataset["estimate"].values, result.dataset["estimate"].values
+        open_dataset(out / "batch.nc")["estimate"].values,
+        result.dataset["estimate"].values,
     )

@@ -24,9 +24,8 @@ FLOATS = (
     "wall_s",
     "cpu_s",
     "fit_s",
-    "start_time",
-    "end_time",
 )
+TIMES = ("start_time", "end_time")  # unix seconds on the worker -> datetime64
 INTS = ("iterations", "converged", "pid")
 STRINGS = ("status", "error", "message", "fingerprint", "host", "fit_file")
 COORDS = ("model", "dataset", "patch", "fit", "seed")
@@ -74,6 +73,10 @@ def merge_tasks(
     )
     for k in FLOATS:
         out[k] = ("task", np.asarray([float(r.get(k, np.nan)) for r in rows]))
+    for k in TIMES:
+        seconds = np.asarray([float(r.get(k, np.nan)) for r in rows])
+        ns = np.where(np.isfinite(seconds), seconds * 1e9, np.nan)
+        out[k] = ("task", _datetimes(ns))
     for k in INTS:
         out[k] = ("task", np.asarray([int(r.get(k, -1)) for r in rows], np.int64))
     for k in STRINGS:
@@ -117,9 +120,17 @@ def _describe(ds) -> None:
     ds["wall_s"].attrs["long_name"] = "seconds the task ran on its worker"
     ds["fit_s"].attrs["long_name"] = "seconds of the task's calibrate"
     ds["cpu_s"].attrs["long_name"] = "CPU seconds of the task's worker process"
-    ds["start_time"].attrs["units"] = "seconds since 1970-01-01 (UTC)"
-    ds["end_time"].attrs["units"] = "seconds since 1970-01-01 (UTC)"
+    ds["start_time"].attrs["long_name"] = "when the task started (UTC)"
+    ds["end_time"].attrs["long_name"] = "when the task ended (UTC)"
     ds["fit_file"].attrs["long_name"] = "the task's FIT.nc, relative to tasks/"
+
+
+def _datetimes(ns: np.ndarray) -> np.ndarray:
+    """Nanoseconds since the epoch (NaN: not known) as `datetime64[ns]`."""
+    out = np.full(ns.shape, np.datetime64("NaT"), "datetime64[ns]")
+    ok = np.isfinite(ns)
+    out[ok] = ns[ok].astype(np.int64).astype("datetime64[ns]")
+    return out
 
 
 def _versions(rows: list[dict]) -> dict[str, str]:

@@ -86,7 +86,8 @@ def run_batch(
             stderr is a terminal).
         cache_dir: JAX's persistent compilation cache the workers share
             (default: `epifit.enable_compilation_cache`'s folder, none when
-            `EPIFIT_NO_CACHE` is set).
+            `EPIFIT_NO_CACHE` is set; with `scheduler`, each worker's own
+            default, `EPIFIT_CACHE_DIR` of its environment).
 
     Returns:
         A [`BatchResult`][epifit.batch.BatchResult].
@@ -99,7 +100,7 @@ def run_batch(
 
     spec = batch if isinstance(batch, BatchSpec) else load_batch(batch)
     out_dir, tasks_dir, merged = _outputs(spec, out)
-    cache = _cache(cache_dir)
+    cache = _cache(cache_dir) if scheduler is None else cache_dir
     x64 = bool(jax.config.jax_enable_x64)
     inputs = _inputs(spec, tasks_dir, x64, str(cache) if cache else None)
     with output_lock(merged):

@@ -48,7 +48,7 @@ class TaskInput:
     fingerprint: str
     coordinates: Mapping[str, Any]
     x64: bool
-    cache_dir: str | None
+    cache_dir: str | None  # None: the worker's default (EPIFIT_NO_CACHE: none)
 
 
 def task_error(e: BaseException) -> str:
@@ -63,10 +63,12 @@ def _configure(task: TaskInput) -> None:
     import jax
 
     jax.config.update("jax_enable_x64", task.x64)
-    if task.cache_dir is not None:
-        from epifit._cache import enable_compilation_cache
+    if task.cache_dir is None and os.environ.get("EPIFIT_NO_CACHE") is not None:
+        return
+    from epifit._cache import enable_compilation_cache
 
-        enable_compilation_cache(task.cache_dir)
+    # None: the worker's own default (EPIFIT_CACHE_DIR on a cluster's workers)
+    enable_compilation_cache(task.cache_dir)
 
 
 def _dataset(task: TaskInput):
