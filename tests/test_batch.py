@@ -314,6 +314,9 @@ def test_a_task_fits_forecasts_and_merges_without_a_cluster(folder, monkeypatch)
     ds = merge_tasks([inputs[0], broken], tasks_dir, {}, {"batch_file": "b"})
     assert list(ds["status"].values) == ["ok", "failed"]
     assert ds["error"].values[1] == summaries[1]["error"]
+    assert (ds["start_time"] <= ds["end_time"]).all()
+    assert ds["start_time"].dtype == np.dtype("datetime64[ns]")
+    assert (ds["wall_s"] >= ds["fit_s"]).all() and (ds["fit_s"] > 0).all()
     fit = FitResult.from_netcdf(tasks_dir / str(ds["fit_file"].values[0]))
     np.testing.assert_array_equal(
         ds["estimate"].values[0], [r["estimate"] for r in fit.table]

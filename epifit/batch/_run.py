@@ -142,7 +142,7 @@ def _run(todo, missing, workers, scheduler, cache, progress) -> str | None:
 
     with open_client(workers=workers, scheduler=scheduler, cache_dir=cache) as client:
         link = dashboard(client)
-        if link and show:
+        if link:
             print(f"epifit batch: Dask dashboard at {link}", file=sys.stderr)
         run_tasks(client, run_task, todo, on_done=on_done, progress=show)
     return link
