@@ -1,6 +1,7 @@
 """Batches on a real `LocalCluster` of 2 spawned workers: the same numbers as
 `calibrate` one fit after another, a bad task failing alone, a worker killed
-mid-batch, and `--resume` after the whole batch was killed.
+mid-batch, and `--resume` after the whole batch was killed (on an existing
+cluster, as `--scheduler` runs it).
 
 The fits are tiny (the boarding-school SIR, Levenberg-Marquardt for 3
 iterations from 2 seeded starts) so that the seeds give different fits."""
@@ -19,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
+from distributed import LocalCluster
 
-from epifit.batch import run_batch
+from epifit.batch import run_batch, worker_env
 from epifit.batch._task import read_task
 from epifit.cli import main
 from epifit.data import open_dataset, write_dataset
@@ -242,9 +244,19 @@ def test_resume_after_the_batch_was_killed_runs_only_the_missing_tasks(
     for path in tasks.glob("task-*.fit.nc"):
         assert open_dataset(path).attrs["epifit_kind"] == "fit"
     stamps = {p.name: p.stat().st_mtime_ns for p in done}
-    result = run_batch(
-        tmp_path / "batch.toml", out, workers=2, resume=True, progress=False
-    )
+    # resumed on an existing cluster (`--scheduler`), its workers given the
+    # batch environment as a cluster's job script gives it
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, env=worker_env(), dashboard_address=":0"
+    ) as cluster:
+        result = run_batch(
+            tmp_path / "batch.toml",
+            out,
+            scheduler=cluster.scheduler_address,
+            resume=True,
+            progress=False,
+        )
+    assert result.dataset.attrs["engine"] == f"scheduler {cluster.scheduler_address}"
     assert sorted(f"{k}.nc" for k in result.skipped) == sorted(stamps)
     assert len(result.ran) == 4 - len(stamps)
     assert result.n_ok == 4
