@@ -25,6 +25,7 @@ PACKAGES = (
     "epifit.fitting",
     "epifit.forecasting",
     "epifit.sampling",
+    "epifit.batch",
     "epifit.plotting",
     "epifit.cli",
     "epifit",

@@ -139,7 +139,16 @@ def test_functions_and_modules_are_short(module):
 
 
 def test_the_layers_import_downward():
-    order = ["ode", "model", "data", "simulation", "fitting", "forecasting", "cli"]
+    order = [
+        "ode",
+        "model",
+        "data",
+        "simulation",
+        "fitting",
+        "forecasting",
+        "batch",
+        "cli",
+    ]
     rank = {f"epifit.{name}": i for i, name in enumerate(order)}
 
     def layer(module):

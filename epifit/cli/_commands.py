@@ -187,7 +187,7 @@ def _registered() -> dict:
     import importlib
 
     out = {}
-    for name in ("calibrate", "plot", "data", "forecast", "profile", "sample"):
+    for name in ("calibrate", "plot", "data", "forecast", "profile", "sample", "batch"):
         try:
             mod = importlib.import_module(f"epifit.cli._{name}")
         except ModuleNotFoundError as e:

@@ -98,24 +98,8 @@ def sample(
     programs = Programs(density, settings)
     store = chain_checkpoint(checkpoint, resume, objective, settings, starts)
     t0 = time.perf_counter()
-    results = []
-    with _bars(progress, settings) as bar:
-        for c in range(settings.chains):
-
-            def on_chunk(snap, c=c):
-                store.save(snap)
-                bar(c, snap["done"])
-
-            out = run_chain(
-                programs,
-                c,
-                starts[c].astype(x_map.dtype),
-                imm0,
-                data_,
-                resume=store.load(c),
-                on_chunk=on_chunk,
-            )
-            results.append(out)
+    results = _run_chains(programs, starts.astype(x_map.dtype), imm0, data_, store,
+                          progress)  # fmt: skip
     sampling_s = time.perf_counter() - t0
     idata = posterior_data(
         density,
@@ -132,6 +116,31 @@ def sample(
         },
     )
     return Posterior(idata)
+
+
+def _run_chains(programs, starts, imm0, data, store, progress) -> list[dict]:
+    """Every chain, one after another, saved by `store` after each chunk."""
+    settings = programs.settings
+    results = []
+    with _bars(progress, settings) as bar:
+        for c in range(settings.chains):
+
+            def on_chunk(snap, c=c):
+                store.save(snap)
+                bar(c, snap["done"])
+
+            results.append(
+                run_chain(
+                    programs,
+                    c,
+                    starts[c],
+                    imm0,
+                    data,
+                    resume=store.load(c),
+                    on_chunk=on_chunk,
+                )  # fmt: skip
+            )
+    return results
 
 
 def _map(model_or_problem, data, fit, init) -> dict:

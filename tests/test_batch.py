@@ -1,0 +1,329 @@
+"""Batch files, their tasks and fingerprints, the worker environment, the Slurm
+example of docs/batch.md, and the CLI's errors (no cluster; see
+test_batch_cluster.py for the runs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from epifit.batch import BatchError, load_batch, parse_batch, worker_env
+from epifit.batch._run import _inputs
+from epifit.batch._task import TaskInput, _dataset
+from epifit.cli import main
+from epifit.data import open_dataset, write_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+SIR = REPO / "models" / "sir.toml"
+SIR_FIT = REPO / "models" / "sir_fit.toml"
+BOARDING = REPO / "data" / "boarding_school_1978.nc"
+METAPOP = REPO / "data" / "synthetic_metapop_20.nc"
+
+
+@pytest.fixture()
+def folder(tmp_path):
+    """A batch folder: models/ with the SIR and its fit file, two datasets."""
+    (tmp_path / "models").mkdir()
+    shutil.copy(SIR, tmp_path / "models" / "sir.toml")
+    shutil.copy(SIR_FIT, tmp_path / "models" / "sir_fit.toml")
+    (tmp_path / "regions").mkdir()
+    ds = open_dataset(BOARDING)
+    write_dataset(ds, tmp_path / "regions" / "a.nc")
+    other = ds.copy(deep=True)
+    other["in_bed"] = np.round(0.8 * other["in_bed"])
+    write_dataset(other, tmp_path / "regions" / "b.nc")
+    return tmp_path
+
+
+def _write(folder: Path, text: str) -> Path:
+    path = folder / "batch.toml"
+    path.write_text(text)
+    return path
+
+
+ISSUE_FORM = """
+model = "models/sir.toml"
+data = ["regions/a.nc", "regions/b.nc"]
+seeds = [0, 1, 2, 3]
+fit = "models/sir_fit.toml"
+"""
+
+
+def test_the_issue_form_gives_two_by_four_tasks(folder):
+    spec = load_batch(_write(folder, ISSUE_FORM))
+    assert len(spec.tasks) == 8
+    coords = [t.coordinates(spec.root) for t in spec.tasks]
+    assert {(c["dataset"], c["seed"]) for c in coords} == {
+        (f"regions/{d}.nc", s) for d in "ab" for s in range(4)
+    }
+    assert {c["model"] for c in coords} == {"models/sir.toml"}
+    assert {c["fit"] for c in coords} == {"models/sir_fit.toml"}
+    assert len({t.key for t in spec.tasks}) == 8
+    # a glob names the same files, sorted, so the same tasks
+    globbed = load_batch(
+        _write(
+            folder,
+            ISSUE_FORM.replace('["regions/a.nc", "regions/b.nc"]', '"regions/*.nc"'),
+        )
+    )
+    assert [t.key for t in globbed.tasks] == [t.key for t in spec.tasks]
+
+
+def test_absolute_paths_and_defaults(folder, tmp_path_factory):
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    text = f'model = "{folder / "models" / "sir.toml"}"\ndata = "{BOARDING}"\n'
+    spec = load_batch(_write(elsewhere, text))
+    (task,) = spec.tasks
+    assert (task.seed, task.fit, task.patch, task.forecast) == (0, "", "", None)
+    assert task.data == str(BOARDING.resolve())
+
+
+def test_adding_a_seed_keeps_the_other_tasks_keys(folder):
+    before = {t.key for t in load_batch(_write(folder, ISSUE_FORM)).tasks}
+    more = ISSUE_FORM.replace("[0, 1, 2, 3]", "[0, 1, 2, 3, 4]")
+    after = {t.key for t in load_batch(_write(folder, more)).tasks}
+    assert before < after and len(after - before) == 2
+
+
+def test_split_by_patch_slices_every_patch_variable(tmp_path):
+    text = f'model = "{SIR}"\ndata = "{METAPOP}"\nsplit = "patch"\nseeds = [0, 1]\n'
+    spec = load_batch(_write(tmp_path, text))
+    ds = open_dataset(METAPOP)
+    assert len(spec.tasks) == 2 * ds.sizes["patch"]
+    task = next(t for t in spec.tasks if t.patch == "p07" and t.seed == 1)
+    sliced = _dataset(_task_input(task, tmp_path))
+    assert sliced.sizes["patch"] == 1 and sliced.sizes["patch_to"] == 1
+    np.testing.assert_array_equal(
+        sliced["new_infections"].values[:, 0],
+        ds["new_infections"].sel(patch="p07").values,
+    )
+    np.testing.assert_array_equal(
+        sliced["coupling"].values[:, 0, 0],
+        ds["coupling"].sel(patch="p07", patch_to="p07").values,
+    )
+
+
+def _task_input(task, folder: Path) -> TaskInput:
+    spec_like = type("S", (), {"tasks": (task,), "root": folder})
+    (x,) = _inputs(spec_like, folder, True, None)
+    return x
+
+
+def test_the_fingerprint_follows_the_inputs(folder):
+    spec = load_batch(_write(folder, ISSUE_FORM))
+    first = {x.key: x.fingerprint for x in _inputs(spec, folder, True, None)}
+    assert first == {x.key: x.fingerprint for x in _inputs(spec, folder, True, None)}
+    # another precision: every task again
+    f32 = {x.key: x.fingerprint for x in _inputs(spec, folder, False, None)}
+    assert all(f32[k] != v for k, v in first.items())
+    # data b changed: only b's tasks again
+    b = folder / "regions" / "b.nc"
+    ds = open_dataset(b)
+    ds["in_bed"] = ds["in_bed"] + 1.0
+    write_dataset(ds, b)
+    after = {x.key: x.fingerprint for x in _inputs(spec, folder, True, None)}
+    changed = {
+        t.coordinates(spec.root)["dataset"]
+        for t in spec.tasks
+        if after[t.key] != first[t.key]
+    }
+    assert changed == {"regions/b.nc"}
+
+
+BAD = [
+    ('data = "regions/a.nc"', r"batch.toml: model: missing required field 'model'"),
+    (
+        'model = "models/sir.toml"\ndata = "regions/*.csv"',
+        r"batch.toml: data: glob 'regions/\*.csv' matches no file",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = ["regions/a.nc", "regions/c.nc"]',
+        r"batch.toml: data\[1\]: Data file .*regions/c.nc does not exist",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = ["regions/a.nc", "regions/*.nc"]',
+        r"batch.toml: data\[1\]: data file .*a.nc is listed twice",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = "regions/a.nc"\nseeds = [0, -1]',
+        r"batch.toml: seeds\[1\]: must be an integer >= 0, got -1",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = "regions/a.nc"\nseeds = [2, 2]',
+        r"batch.toml: seeds: a seed is listed twice",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = "regions/a.nc"\nsplit = "region"',
+        r"batch.toml: split: unknown value 'region'; expected one of: patch",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = "regions/a.nc"\nsede = [1]',
+        r"batch.toml: sede: unknown field 'sede'",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = "regions/a.nc"\n'
+        "[calibrate]\nmax_iterations = 0",
+        r"batch.toml: calibrate.max_iterations: must be an integer >= 1, got 0",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = "regions/a.nc"\n[calibrate]\nlr = 1',
+        r"batch.toml: calibrate.lr: unknown field 'lr'",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = "regions/a.nc"\n[forecast]\nsamples = 5',
+        r"batch.toml: forecast.days: missing required field 'days'",
+    ),
+    (
+        'model = "models/sir.toml"\ndata = "regions/a.nc"\nfit = "models/sir.toml"',
+        r"sir.toml: .*unknown field",  # a model file given as the fit file
+    ),
+    ('model = "models/sir.toml"\ndata = [', r"batch.toml: line 2: invalid TOML"),
+]
+
+
+@pytest.mark.parametrize("text, match", BAD)
+def test_bad_batch_files_fail_in_one_located_line(folder, text, match):
+    with pytest.raises(ValueError, match=match) as e:
+        load_batch(_write(folder, text))
+    assert "\n" not in str(e.value)
+
+
+def test_parse_batch_reads_a_dict_relative_to_root(folder):
+    spec = parse_batch(
+        {"model": "models/sir.toml", "data": "regions/*.nc", "seeds": [3]},
+        root=folder,
+    )
+    assert [t.seed for t in spec.tasks] == [3, 3]
+    with pytest.raises(BatchError, match="batch: seeds: expected an array"):
+        parse_batch(
+            {"model": "models/sir.toml", "data": "regions/a.nc", "seeds": 3},
+            root=folder,
+        )
+
+
+def test_the_worker_environment_limits_xla_to_one_thread(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_dump_to=/tmp/x")
+    env = worker_env("/shared/cache")
+    assert env["XLA_FLAGS"] == (
+        "--xla_dump_to=/tmp/x --xla_cpu_multi_thread_eigen=false "
+        "intra_op_parallelism_threads=1"
+    )
+    assert env["EPIFIT_CACHE_DIR"] == "/shared/cache"
+    assert env["OMP_NUM_THREADS"] == "1"
+    monkeypatch.delenv("XLA_FLAGS")
+    assert "EPIFIT_CACHE_DIR" not in worker_env()
+
+
+def test_the_slurm_example_of_the_docs_renders_its_job_script():
+    text = (REPO / "docs" / "batch.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    (example,) = [b for b in blocks if "SLURMCluster(" in b]
+    namespace: dict = {}
+    exec(
+        compile(example.replace("print(job_script)", ""), "docs/batch.md", "exec"),
+        namespace,
+    )
+    cluster = namespace["cluster"]
+    try:
+        script = namespace["job_script"]
+    finally:
+        cluster.close()
+    lines = script.splitlines()
+    for expected in (
+        "#SBATCH -p compute",
+        "#SBATCH -A my-project",
+        "#SBATCH --cpus-per-task=1",
+        "#SBATCH -t 02:00:00",
+        "export XLA_FLAGS='--xla_cpu_multi_thread_eigen=false "
+        "intra_op_parallelism_threads=1'",
+        "export EPIFIT_CACHE_DIR=/shared/cache/epifit-jax",
+        "export OMP_NUM_THREADS=1",
+    ):
+        assert expected in lines, expected
+    (worker,) = [line for line in lines if "distributed.cli.dask_worker" in line]
+    assert "--nthreads 1" in worker and cluster.scheduler_address in worker
+    # the rendered script the docs show is this one, up to the addresses
+    documented = re.search(r"```bash\n(.*?)```", text, flags=re.S).group(1)
+    assert [
+        line for line in documented.splitlines() if line.startswith(("#", "export"))
+    ] == [line for line in lines if line.startswith(("#", "export"))]
+
+
+def test_the_cli_refuses_bad_batches_and_flags(folder, capsys):
+    out = folder / "results"
+    bad = _write(folder, 'model = "models/sir.toml"\ndata = "regions/z.nc"')
+    assert main(["batch", str(bad), "--out", str(out)]) == 2
+    assert "data: Data file" in capsys.readouterr().err
+    assert not out.exists()  # refused before any work
+    good = _write(folder, ISSUE_FORM)
+    assert main(["batch", str(good), "--out", str(out), "--workers", "0"]) == 2
+    assert "--workers must be >= 1; got 0" in capsys.readouterr().err
+    both = main(
+        [
+            "batch",
+            str(good),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+            "--scheduler",
+            "tcp://x:8786",
+        ]
+    )
+    assert both == 2 and "not allowed with" in capsys.readouterr().err
+    (folder / "file").write_text("")
+    assert main(["batch", str(good), "--out", str(folder / "file")]) == 2
+    assert "is not a folder" in capsys.readouterr().err
+    assert main(["batch", str(folder / "none.toml"), "--out", str(out)]) == 2
+    assert "Batch file" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_task_fits_forecasts_and_merges_without_a_cluster(folder, monkeypatch):
+    """`run_task` in this process (what a worker runs): the fit's FIT.nc, one
+    forecast per scenario file, the summary, and their merge; a failing task
+    beside it."""
+    from epifit.batch._merge import merge_tasks
+    from epifit.batch._task import run_task
+    from epifit.fitting import FitResult
+
+    monkeypatch.setenv("EPIFIT_NO_CACHE", "1")  # no cache in this process
+    (folder / "halve.toml").write_text(
+        "[scenarios.halve]\nchanges = [{ parameter = 'beta', scale = 0.5 }]\n"
+    )
+    text = ISSUE_FORM.replace("[0, 1, 2, 3]", "[5]") + (
+        "[calibrate]\nmax_iterations = 3\nuncertainty = 'gauss_newton'\n"
+        "[forecast]\ndays = 7\nsamples = 4\nscenarios = ['halve.toml']\n"
+    )
+    spec = load_batch(_write(folder, text))
+    tasks_dir = folder / "tasks"
+    tasks_dir.mkdir()
+    inputs = _inputs(spec, tasks_dir, True, None)
+    empty = open_dataset(BOARDING).drop_vars("in_bed")
+    write_dataset(empty, folder / "empty.nc")
+    broken = dataclasses.replace(inputs[1], data=str(folder / "empty.nc"))
+    summaries = [run_task(inputs[0]), run_task(broken)]
+    assert [s["status"] for s in summaries] == ["ok", "failed"]
+    assert summaries[1]["error"].startswith("DataError: ")
+    assert "in_bed" in summaries[1]["error"]
+    ds = merge_tasks([inputs[0], broken], tasks_dir, {}, {"batch_file": "b"})
+    assert list(ds["status"].values) == ["ok", "failed"]
+    assert ds["error"].values[1] == summaries[1]["error"]
+    assert (ds["start_time"] <= ds["end_time"]).all()
+    assert ds["start_time"].dtype == np.dtype("datetime64[ns]")
+    assert (ds["wall_s"] >= ds["fit_s"]).all() and (ds["fit_s"] > 0).all()
+    fit = FitResult.from_netcdf(tasks_dir / str(ds["fit_file"].values[0]))
+    np.testing.assert_array_equal(
+        ds["estimate"].values[0], [r["estimate"] for r in fit.table]
+    )
+    assert fit.settings["seed"] == 5 and fit.iterations == 3
+    (name,) = str(ds["forecast_files"].values[0]).split(",")
+    forecast = open_dataset(tasks_dir / name)
+    assert forecast.attrs["epifit_kind"] == "forecast"
+    assert "halve" in [str(s) for s in forecast["scenario"].values]
+    assert ds["fit_file"].values[1] == "" and np.isnan(ds["estimate"].values[1]).all()
