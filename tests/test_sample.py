@@ -308,7 +308,7 @@ def test_boarding_school_posterior_agrees_with_metropolis_over_scipy():
     draws = {p: post.data.posterior[p].values.ravel() for p in BOARDING_PRIORS}
     logs = np.log(np.column_stack(list(draws.values())))
     rng = np.random.default_rng(0)
-    ref = _metropolis(y, logs.mean(0), np.cov(logs.T), 24000, rng)[4000:]
+    ref = _metropolis(y, logs.mean(0), np.cov(logs.T), 12000, rng)[2000:]
     ess = az.ess(az.convert_to_dataset(ref[None, :, :]))["x"].values
     for j, p in enumerate(BOARDING_PRIORS):
         mcse_ref = ref[:, j].std() / np.sqrt(ess[j])
