@@ -275,49 +275,48 @@ class Optimizer:
     ) -> Carry:
         """The carry at the start of phase `p`; `best`: the `(best_x, best_f)`
         of the phases before (default: the starting point, where its loss is
-        finite)."""
+        finite). Built in NumPy (`abstract`: traced, in `jax.numpy`): setting
+        up a phase compiles nothing but its method's initialisation."""
+        xp = jnp if abstract else np
         n = x.shape[0]
         if fresh:  # evaluated by the phase's first chunk
-            f = jnp.full((n,), jnp.inf, x.dtype)
-            g = jnp.zeros_like(x)
-            alive = jnp.ones((n,), bool)
+            f = np.full((n,), np.inf, x.dtype)
+            g = np.zeros(x.shape, x.dtype)
+            alive = np.ones((n,), bool)
         state, f, g = self._init(p, x, f, g, data, abstract=abstract)
         if alive is None:
             alive = _finite(f, g)
-        n = x.shape[0]
         dt = x.dtype
-        status = jnp.where(alive, RUNNING, NONFINITE).astype(jnp.int32)
+        status = xp.where(xp.asarray(alive), RUNNING, NONFINITE).astype(np.int32)
         if best is None:
-            finite = jnp.isfinite(f)
-            best = (x, jnp.where(finite, f, jnp.inf).astype(f.dtype))
+            f_ = f if abstract else np.asarray(f)
+            best = (x, xp.where(xp.isfinite(f_), f_, np.inf).astype(f.dtype))
         return Carry(
             x,
             f,
             g,
             state,
-            jnp.ones((n,), dt),
-            jnp.zeros((n,), jnp.int32),
-            jnp.zeros((n,), jnp.int32),
-            jnp.zeros((n,), jnp.int32),
+            xp.ones((n,), dt),
+            *(xp.zeros((n,), np.int32) for _ in range(3)),
             status,
-            jnp.full((n,), fresh),
+            xp.full((n,), fresh),
             *best,
         )
 
     def _next_phase(self, p: int, carry: Carry, data) -> Carry:
         """The carry at the start of phase `p` from the last phase's: the
         starts that failed there stay stopped, the best point seen carries on."""
-        alive = jnp.asarray(np.asarray(carry.status) != NONFINITE)
+        alive = np.asarray(carry.status) != NONFINITE
         best = (carry.best_x, carry.best_f)
         return self.start_phase(p, carry.x, carry.f, carry.g, data, alive, best=best)
 
     def template(self, p: int, xs, data) -> Carry:
         """The structure of a phase's carry (for restoring checkpoints)."""
         n = xs.shape[0]
-        f = jnp.zeros((n,), xs.dtype)
+        f = np.zeros((n,), xs.dtype)
         return jax.eval_shape(
             lambda x, f, g: self.start_phase(
-                p, x, f, g, data, jnp.ones(n, bool), abstract=True
+                p, x, f, g, data, np.ones(n, bool), abstract=True
             ),
             xs,
             f,
@@ -341,7 +340,7 @@ class Optimizer:
             if isinstance(first, FirstOrder):
                 # the first chunk's executable evaluates the starting points
                 carry = self.start_phase(0, xs, None, None, data, fresh=True)
-                carry, _ = self._chunk_fn(0)(carry, data, jnp.asarray(0, jnp.int32))
+                carry, _ = self._chunk_fn(0)(carry, data, np.int32(0))
             elif isinstance(first, AbstractLeastSquaresMethod):
                 # its initialisation evaluates the residuals and Jacobian
                 carry = self.start_phase(0, xs, None, None, data)
@@ -382,7 +381,7 @@ class Optimizer:
                     k = min(k, every - rec["iteration"] % every)
                 before = np.asarray(carry.iteration)
                 t = time.perf_counter()
-                n_end = jnp.asarray(rec["phase_iteration"] + k, jnp.int32)
+                n_end = np.int32(rec["phase_iteration"] + k)
                 carry, buf = run_chunk(carry, data, n_end)
                 counts = np.asarray(carry.iteration) - before
                 seconds = time.perf_counter() - t

@@ -184,7 +184,8 @@ class CompiledModel(eqx.Module):
         Args:
             n_patches: the number of patches; per-patch parameters get `(patch,)`.
             key: initialises neural sub-models (one `jr.split` per sub-model, in
-                spec order); default `jax.random.key(0)`.
+                spec order); default: NumPy generators seeded 0, 1, ... in spec
+                order (`make_mlp`), which compile nothing.
 
         Returns:
             `{name: array}` for parameters, `{name: eqx.nn.MLP}` for neural parts.
@@ -206,12 +207,17 @@ class CompiledModel(eqx.Module):
                         f"{n_patches}",
                     )
                 value = np.broadcast_to(value, (n_patches,))
-            x = unconstrain(p.transform, jnp.asarray(value, float), *p.bounds)
+            # in NumPy: set-up compiles nothing (epifit/fitting/README.md)
+            x = unconstrain(p.transform, value, *p.bounds, xp=np)
             if p.per_time is not None:
-                x = self._constant_coefficients(p, x)
-            params[p.name] = x
-        if self.spec.neural:
-            key = jr.key(0) if key is None else key
+                x = self._constant_coefficients(p, x, xp=np)
+            # device_put, not jnp.asarray: that compiles a copy per shape
+            x = np.asarray(x, jnp.result_type(float))
+            params[p.name] = jax.device_put(x)
+        if self.spec.neural and key is None:  # NumPy draws, seeded 0, 1, ...
+            for seed, n in enumerate(self.spec.neural):
+                params[n.name] = make_mlp(n, seed=seed)
+        elif self.spec.neural:
             keys = jr.split(key, len(self.spec.neural))
             for k, n in zip(keys, self.spec.neural, strict=True):
                 params[n.name] = make_mlp(n, key=k)
@@ -225,13 +231,14 @@ class CompiledModel(eqx.Module):
         x = unconstrain(p.transform, jnp.asarray(value), *p.bounds)
         return self._constant_coefficients(p, x)
 
-    def _constant_coefficients(self, p, x: Array) -> Array:
+    def _constant_coefficients(self, p, x: Array, *, xp: Any = jnp) -> Array:
         """Coefficients of a time-varying parameter constant at the
-        unconstrained value `x` (`()` or `(patch,)`): levels `x`, amplitudes 0."""
+        unconstrained value `x` (`()` or `(patch,)`): levels `x`, amplitudes 0
+        (`xp=np`: in NumPy)."""
         K = n_coefficients(p.per_time, self._horizon())
-        x = jnp.broadcast_to(x, (K, *jnp.shape(x)))
+        x = xp.broadcast_to(x, (K, *xp.shape(x)))
         levels = level_mask(p.per_time, K).reshape((K,) + (1,) * (x.ndim - 1))
-        return jnp.where(levels, x, 0.0)
+        return xp.where(levels, x, 0.0)
 
     def _check_params(self, params: Mapping[str, Any], what: str) -> None:
         expected = [p.name for p in self.spec.parameters]

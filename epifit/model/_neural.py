@@ -7,6 +7,7 @@ from collections.abc import Callable
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from epifit.model._spec import NeuralSpec
@@ -35,17 +36,51 @@ def canonical_activation(name: str) -> str:
     return _ALIASES.get(name, name)
 
 
-def make_mlp(spec: NeuralSpec, *, key: PRNGKeyArray) -> eqx.nn.MLP:
-    """Initialise the MLP of a neural sub-model (`out_size="scalar"`)."""
-    return eqx.nn.MLP(
-        in_size=spec.in_size,
-        out_size="scalar",
-        width_size=spec.width,
-        depth=spec.depth,
-        activation=ACTIVATIONS[spec.activation],
-        final_activation=ACTIVATIONS[spec.final_activation],
-        key=key,
-    )
+def make_mlp(
+    spec: NeuralSpec, *, key: PRNGKeyArray | None = None, seed: int = 0
+) -> eqx.nn.MLP:
+    """Initialise the MLP of a neural sub-model (`out_size="scalar"`).
+
+    With a JAX `key`, equinox's own initialisation (`jax.random`, a few small
+    compiled operations per layer). Without one, the same distribution drawn
+    with a NumPy generator seeded `seed`: every weight and bias of a layer
+    with `n` inputs uniform on `(-1/sqrt(n), 1/sqrt(n))`, layer after layer,
+    weight before bias. That path compiles nothing, so a cold fit's start-up
+    does not wait on a dozen eager XLA compiles (`epifit/fitting/README.md`,
+    the cost model).
+    """
+
+    def build(k):
+        return eqx.nn.MLP(
+            in_size=spec.in_size,
+            out_size="scalar",
+            width_size=spec.width,
+            depth=spec.depth,
+            activation=ACTIVATIONS[spec.activation],
+            final_activation=ACTIVATIONS[spec.final_activation],
+            key=k,
+        )
+
+    if key is not None:
+        return build(key)
+    # the structure only (traced, nothing compiled), then NumPy draws
+    shapes = eqx.filter_eval_shape(lambda: build(jax.random.key(0)))
+    rng = np.random.default_rng(seed)
+    leaves = []
+    for layer in shapes.layers:
+        n_in = layer.weight.shape[1]
+        lim = 1.0 / np.sqrt(n_in) if n_in else 1.0
+        for a in (layer.weight, layer.bias):
+            if a is not None:
+                draw = rng.uniform(-lim, lim, a.shape).astype(a.dtype)
+                leaves.append(jax.device_put(draw))  # (jnp.asarray compiles)
+    return eqx.tree_at(_weights_and_biases, shapes, leaves)
+
+
+def _weights_and_biases(mlp: eqx.nn.MLP) -> list:
+    return [
+        a for layer in mlp.layers for a in (layer.weight, layer.bias) if a is not None
+    ]
 
 
 def neural_rates(
