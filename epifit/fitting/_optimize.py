@@ -137,7 +137,7 @@ class Optimizer:
         self.progress = progress
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
-        self._chunks: dict[int, Callable] = {}
+        self._chunks: dict[Any, Callable] = {}  # chunk (p) and init (("init", p))
 
     # -- compiled pieces --------------------------------------------------------------
     def evaluate(self, xs, data):
@@ -162,12 +162,29 @@ class Optimizer:
             return vmap_batch(init, group=self.group)(x, f, g)
         if isinstance(method, AbstractLeastSquaresMethod):
             r, J, *_ = self.fun.compiled("jacobian_and_solution")(x, data)
+            return self._init_fn(p)(x, r, J)
+        return self._init_fn(p)(x, f, g, data)
 
-            def init_lsq(x, r, J):
-                return _strong(method.init_from_jacobian(x, r, J))
+    def _init_fn(self, p: int):
+        """Phase `p`'s method initialisation, compiled once per optimiser (a
+        new `jit` at every call would compile it again on every run)."""
+        key = ("init", p)
+        if key not in self._chunks:
+            method = self.methods[p]
+            if isinstance(method, AbstractLeastSquaresMethod):
 
-            return jit(vmap_batch(init_lsq, group=self.group))(x, r, J)
-        return jit(vmap_batch(init, group=self.group))(x, f, g)
+                def init(x, r, J):
+                    return _strong(method.init_from_jacobian(x, r, J))
+
+                fn = jit(vmap_batch(init, group=self.group))
+            else:
+
+                def init(x, f, g, data):
+                    return _strong(method.init(x, f, g, self.fun, data))
+
+                fn = jit(vmap_batch(init, in_axes=(0, 0, 0, None), group=self.group))
+            self._chunks[key] = fn
+        return self._chunks[key]
 
     def _chunk_fn(self, p: int):
         if p in self._chunks:
