@@ -111,6 +111,11 @@ def test_optimizer_compiles_one_program_per_phase_kind(sir, methods, programs):
         out = optimizer.run(xs, data)
     assert out["record"]["iteration"] > 0
     assert n[0] == programs
+    # each chunk and initialisation traced once: one dispatch entry each
+    # (NumPy leaves in a first call and device arrays later would make two)
+    assert [fn._cache_size() for fn in optimizer._chunks.values()] == [1] * (
+        2 * len(methods)
+    )
     # the same optimiser again (e.g. a second start batch): nothing new
     with count_compiles() as n:
         optimizer.run(xs, data)

@@ -384,7 +384,8 @@ def _final_solve(setup: FitSetup, x_best, xs, data):
     Gauss-Newton Laplace approximation, the residuals and their Jacobian
     there: one batched call of the executable the optimiser used."""
     objective = setup.objective
-    xb = np.broadcast_to(np.asarray(x_best), xs.shape)
+    # on the device (the optimiser's executable was called with device arrays)
+    xb = jax.device_put(np.broadcast_to(np.asarray(x_best), xs.shape))
     jac = None
     if setup.uncertainty == "gauss_newton":
         r, J, ys, stats, result = objective.compiled("jacobian_and_solution")(xb, data)

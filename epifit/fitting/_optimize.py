@@ -297,8 +297,8 @@ class Optimizer:
         xp = jnp if abstract else np
         n = x.shape[0]
         if fresh:  # evaluated by the phase's first chunk
-            f = np.full((n,), np.inf, x.dtype)
-            g = np.zeros(x.shape, x.dtype)
+            f = jax.device_put(np.full((n,), np.inf, x.dtype))
+            g = jax.device_put(np.zeros(x.shape, x.dtype))
             alive = np.ones((n,), bool)
         state, f, g = self._init(p, x, f, g, data, abstract=abstract)
         if alive is None:
@@ -308,16 +308,21 @@ class Optimizer:
         if best is None:
             f_ = f if abstract else np.asarray(f)
             best = (x, xp.where(xp.isfinite(f_), f_, np.inf).astype(f.dtype))
-        return Carry(
-            x,
-            f,
-            g,
-            state,
-            xp.ones((n,), dt),
-            *(xp.zeros((n,), np.int32) for _ in range(3)),
-            status,
-            xp.full((n,), fresh),
-            *best,
+        # on the device: a chunk called with NumPy leaves and then with its own
+        # (device) outputs would be traced and lowered twice (two cache entries)
+        put = (lambda c: c) if abstract else jax.device_put
+        return put(
+            Carry(
+                x,
+                f,
+                g,
+                state,
+                xp.ones((n,), dt),
+                *(xp.zeros((n,), np.int32) for _ in range(3)),
+                status,
+                xp.full((n,), fresh),
+                *best,
+            )
         )
 
     def _next_phase(self, p: int, carry: Carry, data) -> Carry:
