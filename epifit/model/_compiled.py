@@ -16,7 +16,6 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, ArrayLike, PRNGKeyArray, PyTree
@@ -26,7 +25,7 @@ from epifit._toml import join
 from epifit.model._errors import ModelSpecError
 from epifit.model._initial import initial_state_of
 from epifit.model._load import load_model
-from epifit.model._neural import make_mlp
+from epifit.model._neural import make_mlps
 from epifit.model._observation import flow_key, quantity, report
 from epifit.model._per_time import (
     constrain_coefficients,
@@ -207,21 +206,12 @@ class CompiledModel(eqx.Module):
                         f"{n_patches}",
                     )
                 value = np.broadcast_to(value, (n_patches,))
-            # in NumPy: set-up compiles nothing (epifit/fitting/README.md)
+            # in NumPy, then device_put (jnp.asarray compiles a copy per shape)
             x = unconstrain(p.transform, value, *p.bounds, xp=np)
             if p.per_time is not None:
                 x = self._constant_coefficients(p, x, xp=np)
-            # device_put, not jnp.asarray: that compiles a copy per shape
-            x = np.asarray(x, jnp.result_type(float))
-            params[p.name] = jax.device_put(x)
-        if self.spec.neural and key is None:  # NumPy draws, seeded 0, 1, ...
-            for seed, n in enumerate(self.spec.neural):
-                params[n.name] = make_mlp(n, seed=seed)
-        elif self.spec.neural:
-            keys = jr.split(key, len(self.spec.neural))
-            for k, n in zip(keys, self.spec.neural, strict=True):
-                params[n.name] = make_mlp(n, key=k)
-        return params
+            params[p.name] = jax.device_put(np.asarray(x, jnp.result_type(float)))
+        return {**params, **make_mlps(self.spec.neural, key)}
 
     def coefficients_at(self, name: str, value: ArrayLike) -> Array:
         """The coefficients of time-varying parameter `name` whose value is

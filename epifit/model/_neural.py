@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
@@ -12,7 +12,13 @@ from jaxtyping import Array, Float, PRNGKeyArray
 
 from epifit.model._spec import NeuralSpec
 
-__all__ = ["ACTIVATIONS", "canonical_activation", "make_mlp", "neural_rates"]
+__all__ = [
+    "ACTIVATIONS",
+    "canonical_activation",
+    "make_mlp",
+    "make_mlps",
+    "neural_rates",
+]
 
 
 def _identity(x: Array) -> Array:
@@ -75,6 +81,20 @@ def make_mlp(
                 draw = rng.uniform(-lim, lim, a.shape).astype(a.dtype)
                 leaves.append(jax.device_put(draw))  # (jnp.asarray compiles)
     return eqx.tree_at(_weights_and_biases, shapes, leaves)
+
+
+def make_mlps(
+    specs: Sequence[NeuralSpec], key: PRNGKeyArray | None = None
+) -> dict[str, eqx.nn.MLP]:
+    """The MLPs of a model's neural sub-models, by name: from `key` (one
+    `jax.random.split` per sub-model, in spec order) or, without one, from
+    NumPy generators seeded 0, 1, ... in spec order (nothing compiled)."""
+    if not specs:
+        return {}
+    if key is None:
+        return {n.name: make_mlp(n, seed=seed) for seed, n in enumerate(specs)}
+    keys = jax.random.split(key, len(specs))
+    return {n.name: make_mlp(n, key=k) for k, n in zip(keys, specs, strict=True)}
 
 
 def _weights_and_biases(mlp: eqx.nn.MLP) -> list:
