@@ -8,9 +8,10 @@ persistent compilation cache before anything compiles; `compile_s` is a
 one-iteration fit with the cache cold, `wall_s` the timed fit's `optimize_s`
 with the cache warm (a second run of the same fit), its start-up included;
 `grad_compile_s` is one `value_and_grad` of the same objective
-(`epifit.fitting.Objective`), compiled in the same worker after the fits
-(a program of its own, not batched over starts, which the cache does not
-hold).
+(`epifit.fitting.Objective`) and `chunk_compile_s` calibrate's chunk function
+of the same phase over it, each lowered and compiled in the same worker after
+the fits with the persistent cache switched off (real compiles, side by side;
+`chunk_vs_grad` is their ratio).
 """
 
 from __future__ import annotations
@@ -51,29 +52,51 @@ def reference_dataset(P):
     return xr.Dataset(dv, coords=coords)
 
 
-def _grad_compile(problem, init, a) -> tuple[float, int]:
-    """Lower + compile time of one `value_and_grad` of calibrate's objective,
-    and the persistent-cache hits while it compiled (0: a real compile)."""
+def _compile_times(problem, init, a, phase) -> dict:
+    """Lower + compile seconds, with the persistent cache off (real compiles),
+    of one `value_and_grad` of calibrate's objective (`grad_compile_s`) and of
+    the chunk function of calibrate's `phase` over that objective
+    (`chunk_compile_s`, batched over one start as calibrate compiles it), and
+    their ratio: the issue-21 target is a chunk at most 1.5x one gradient."""
     import jax
+    import numpy as np
 
     import epifit
     from epifit.fitting import FreeParameters, Objective
+    from epifit.fitting._config import PhaseConfig
+    from epifit.fitting._optimize import OptimizeOptions, Optimizer
     from epifit.simulation import SolverSettings
 
     settings = SolverSettings(rtol=a.rtol, atol=a.atol, max_steps=4096)
     objective = Objective(problem, FreeParameters(problem, init), settings)
-    hits = []
-
-    def listen(event, **kw):
-        if event == "/jax/compilation_cache/cache_hits":
-            hits.append(event)
-
-    jax.monitoring.register_event_listener(listen)
-    t = time.perf_counter()
-    epifit.jit(objective.value_and_grad).lower(
-        objective.free.x0, objective.data()
-    ).compile()
-    return time.perf_counter() - t, len(hits)
+    data = objective.data()
+    x0 = objective.free.x0
+    fixed = ("method", "iterations")
+    options = tuple((k, v) for k, v in phase.items() if k not in fixed)
+    optimizer = Optimizer(
+        objective,
+        [PhaseConfig(phase["method"], phase["iterations"], options=options)],
+        OptimizeOptions(),
+    )
+    template = optimizer.template(0, x0[None], data)
+    out = {}
+    previous = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        for key, fn, args in (
+            ("grad", epifit.jit(objective.value_and_grad), (x0, data)),
+            ("chunk", optimizer._chunk_fn(0), (template, data, np.int32(1))),
+        ):
+            t = time.perf_counter()
+            lowered = fn.lower(*args)
+            out[f"{key}_lower_s"] = time.perf_counter() - t
+            t = time.perf_counter()
+            lowered.compile()
+            out[f"{key}_compile_s"] = out[f"{key}_lower_s"] + time.perf_counter() - t
+    finally:
+        jax.config.update("jax_enable_compilation_cache", previous)
+    out["chunk_vs_grad"] = out["chunk_compile_s"] / out["grad_compile_s"]
+    return out
 
 
 def calibrate_worker(P, fdt, a, rec) -> dict:
@@ -150,9 +173,7 @@ def calibrate_worker(P, fdt, a, rec) -> dict:
     rec["per_evaluation_s"] = None
     rec["per_iteration_s"] = rec["wall_s"] / max(rec["iterations"], 1)
     rec["history"] = {"t": times.tolist(), "loss": losses.tolist()}
-    rec["grad_compile_s"], rec["grad_compile_cache_hits"] = _grad_compile(
-        problem, init, a
-    )
+    rec.update(_compile_times(problem, init, a, phase))
     rec["note"] = (
         "compile_s: a one-iteration calibrate (cold cache); wall_s: calibrate's "
         "optimize_s with a warm persistent cache (warm_start_s of it is start-up); "

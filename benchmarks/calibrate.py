@@ -225,6 +225,8 @@ COLUMNS = [
     ("n_patches", "patches", "{}"),
     ("compile_s", "compile s", "{:.1f}"),
     ("grad_compile_s", "grad comp s", "{:.1f}"),
+    ("chunk_compile_s", "chunk comp s", "{:.1f}"),
+    ("chunk_vs_grad", "chunk/grad", "{:.2f}"),
     ("wall_s", "wall s", "{:.1f}"),
     ("time_to_result_s", "result s", "{:.1f}"),
     ("iterations", "iters", "{}"),
@@ -247,6 +249,16 @@ def report(records: list[dict], summaries: dict) -> None:
     print(h.table(records, COLUMNS))
     for r in records:
         r.pop("short_status")
+    for r in records:
+        if r.get("chunk_vs_grad") is not None:
+            print(
+                f"\n{r['config']} {r['dtype']} n={r['n_patches']}: calibrate's chunk "
+                f"compiles in {r['chunk_compile_s']:.2f} s = {r['chunk_vs_grad']:.2f}x "
+                f"one value_and_grad ({r['grad_compile_s']:.2f} s; target <= 1.5x); "
+                f"the cold one-iteration fit (compile_s, every program and the "
+                f"start-up) {r['compile_s']:.2f} s = "
+                f"{r['compile_s'] / r['grad_compile_s']:.2f}x"
+            )
     for dtype, s in summaries.items():
         for cfg, why in s.get("failed", {}).items():
             print(f"\n{dtype}: {cfg} FAILED: {why}")

@@ -21,7 +21,6 @@ from typing import Any
 
 import equinox as eqx
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
@@ -224,7 +223,7 @@ def finite_starts(draw, loss, data):
         if not bad.any():
             break
         fresh = draw(d)
-        xs = jnp.where(jnp.asarray(bad)[:, None], fresh, xs)
+        xs = jax.device_put(np.where(bad[:, None], np.asarray(fresh), np.asarray(xs)))
         for i in np.flatnonzero(bad):
             redraws[i] += 1
         f = np.asarray(loss(xs, data))
@@ -385,13 +384,15 @@ def _final_solve(setup: FitSetup, x_best, xs, data):
     Gauss-Newton Laplace approximation, the residuals and their Jacobian
     there: one batched call of the executable the optimiser used."""
     objective = setup.objective
-    xb = jnp.broadcast_to(x_best, xs.shape)
+    # on the device (the optimiser's executable was called with device arrays)
+    xb = jax.device_put(np.broadcast_to(np.asarray(x_best), xs.shape))
     jac = None
     if setup.uncertainty == "gauss_newton":
         r, J, ys, stats, result = objective.compiled("jacobian_and_solution")(xb, data)
-        jac = (r[0], J[0])
+        jac = (np.asarray(r)[0], np.asarray(J)[0])  # NumPy: no eager slices
     else:
         ys, stats, result = objective.compiled("solution")(xb, data)
+    result = np.asarray(result)
     if int(result[0]) != 0:
         raise RuntimeError(
             "The solve at the fitted parameters failed (result code "
@@ -430,7 +431,7 @@ def _fit_result(setup: FitSetup, out: dict, best: int, xs, data) -> dict[str, An
     record = out["record"]
     x_all, f_all, _ = best_points(out["carry"])
     f_all = np.asarray(f_all, np.float64)
-    x_best = jnp.asarray(x_all[best], xs.dtype)
+    x_best = jax.device_put(np.asarray(x_all[best], xs.dtype))
     fitted = free.params(x_best, data["rest"])
     sol, jac = _final_solve(setup, x_best, xs, data)
     trajectories = trajectory_dataset(problem, fitted, sol)

@@ -24,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from epifit._errors import LocatedError
@@ -164,7 +163,7 @@ def load_checkpoint(path: str | os.PathLike, template, key: str) -> dict:
                 f"Checkpoint {path}: state array {i} has {a.dtype}{list(a.shape)}; "
                 f"expected {t.dtype}{list(t.shape)}. Delete it to start afresh."
             )
-        leaves.append(jnp.asarray(a))
+        leaves.append(jax.device_put(a))  # (jnp.asarray compiles per shape)
     carry = jax.tree.unflatten(treedef, leaves)
     n = meta["n_starts"]
     record = {

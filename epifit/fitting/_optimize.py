@@ -137,7 +137,7 @@ class Optimizer:
         self.progress = progress
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
-        self._chunks: dict[int, Callable] = {}
+        self._chunks: dict[Any, Callable] = {}  # chunk (p) and init (("init", p))
 
     # -- compiled pieces --------------------------------------------------------------
     def evaluate(self, xs, data):
@@ -162,12 +162,29 @@ class Optimizer:
             return vmap_batch(init, group=self.group)(x, f, g)
         if isinstance(method, AbstractLeastSquaresMethod):
             r, J, *_ = self.fun.compiled("jacobian_and_solution")(x, data)
+            return self._init_fn(p)(x, r, J)
+        return self._init_fn(p)(x, f, g, data)
 
-            def init_lsq(x, r, J):
-                return _strong(method.init_from_jacobian(x, r, J))
+    def _init_fn(self, p: int):
+        """Phase `p`'s method initialisation, compiled once per optimiser (a
+        new `jit` at every call would compile it again on every run)."""
+        key = ("init", p)
+        if key not in self._chunks:
+            method = self.methods[p]
+            if isinstance(method, AbstractLeastSquaresMethod):
 
-            return jit(vmap_batch(init_lsq, group=self.group))(x, r, J)
-        return jit(vmap_batch(init, group=self.group))(x, f, g)
+                def init(x, r, J):
+                    return _strong(method.init_from_jacobian(x, r, J))
+
+                fn = jit(vmap_batch(init, group=self.group))
+            else:
+
+                def init(x, f, g, data):
+                    return _strong(method.init(x, f, g, self.fun, data))
+
+                fn = jit(vmap_batch(init, in_axes=(0, 0, 0, None), group=self.group))
+            self._chunks[key] = fn
+        return self._chunks[key]
 
     def _chunk_fn(self, p: int):
         if p in self._chunks:
@@ -275,49 +292,53 @@ class Optimizer:
     ) -> Carry:
         """The carry at the start of phase `p`; `best`: the `(best_x, best_f)`
         of the phases before (default: the starting point, where its loss is
-        finite)."""
+        finite). Built in NumPy (`abstract`: traced, in `jax.numpy`): setting
+        up a phase compiles nothing but its method's initialisation."""
+        xp = jnp if abstract else np
         n = x.shape[0]
         if fresh:  # evaluated by the phase's first chunk
-            f = jnp.full((n,), jnp.inf, x.dtype)
-            g = jnp.zeros_like(x)
-            alive = jnp.ones((n,), bool)
+            f = jax.device_put(np.full((n,), np.inf, x.dtype))
+            g = jax.device_put(np.zeros(x.shape, x.dtype))
+            alive = np.ones((n,), bool)
         state, f, g = self._init(p, x, f, g, data, abstract=abstract)
         if alive is None:
             alive = _finite(f, g)
-        n = x.shape[0]
         dt = x.dtype
-        status = jnp.where(alive, RUNNING, NONFINITE).astype(jnp.int32)
+        status = xp.where(xp.asarray(alive), RUNNING, NONFINITE).astype(np.int32)
         if best is None:
-            finite = jnp.isfinite(f)
-            best = (x, jnp.where(finite, f, jnp.inf).astype(f.dtype))
-        return Carry(
-            x,
-            f,
-            g,
-            state,
-            jnp.ones((n,), dt),
-            jnp.zeros((n,), jnp.int32),
-            jnp.zeros((n,), jnp.int32),
-            jnp.zeros((n,), jnp.int32),
-            status,
-            jnp.full((n,), fresh),
-            *best,
+            f_ = f if abstract else np.asarray(f)
+            best = (x, xp.where(xp.isfinite(f_), f_, np.inf).astype(f.dtype))
+        # on the device: a chunk called with NumPy leaves and then with its own
+        # (device) outputs would be traced and lowered twice (two cache entries)
+        put = (lambda c: c) if abstract else jax.device_put
+        return put(
+            Carry(
+                x,
+                f,
+                g,
+                state,
+                xp.ones((n,), dt),
+                *(xp.zeros((n,), np.int32) for _ in range(3)),
+                status,
+                xp.full((n,), fresh),
+                *best,
+            )
         )
 
     def _next_phase(self, p: int, carry: Carry, data) -> Carry:
         """The carry at the start of phase `p` from the last phase's: the
         starts that failed there stay stopped, the best point seen carries on."""
-        alive = jnp.asarray(np.asarray(carry.status) != NONFINITE)
+        alive = np.asarray(carry.status) != NONFINITE
         best = (carry.best_x, carry.best_f)
         return self.start_phase(p, carry.x, carry.f, carry.g, data, alive, best=best)
 
     def template(self, p: int, xs, data) -> Carry:
         """The structure of a phase's carry (for restoring checkpoints)."""
         n = xs.shape[0]
-        f = jnp.zeros((n,), xs.dtype)
+        f = np.zeros((n,), xs.dtype)
         return jax.eval_shape(
             lambda x, f, g: self.start_phase(
-                p, x, f, g, data, jnp.ones(n, bool), abstract=True
+                p, x, f, g, data, np.ones(n, bool), abstract=True
             ),
             xs,
             f,
@@ -341,7 +362,7 @@ class Optimizer:
             if isinstance(first, FirstOrder):
                 # the first chunk's executable evaluates the starting points
                 carry = self.start_phase(0, xs, None, None, data, fresh=True)
-                carry, _ = self._chunk_fn(0)(carry, data, jnp.asarray(0, jnp.int32))
+                carry, _ = self._chunk_fn(0)(carry, data, np.int32(0))
             elif isinstance(first, AbstractLeastSquaresMethod):
                 # its initialisation evaluates the residuals and Jacobian
                 carry = self.start_phase(0, xs, None, None, data)
@@ -382,7 +403,7 @@ class Optimizer:
                     k = min(k, every - rec["iteration"] % every)
                 before = np.asarray(carry.iteration)
                 t = time.perf_counter()
-                n_end = jnp.asarray(rec["phase_iteration"] + k, jnp.int32)
+                n_end = np.int32(rec["phase_iteration"] + k)
                 carry, buf = run_chunk(carry, data, n_end)
                 counts = np.asarray(carry.iteration) - before
                 seconds = time.perf_counter() - t

@@ -16,7 +16,6 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
 from jaxtyping import Array, ArrayLike, PRNGKeyArray, PyTree
@@ -26,7 +25,7 @@ from epifit._toml import join
 from epifit.model._errors import ModelSpecError
 from epifit.model._initial import initial_state_of
 from epifit.model._load import load_model
-from epifit.model._neural import make_mlp
+from epifit.model._neural import make_mlps
 from epifit.model._observation import flow_key, quantity, report
 from epifit.model._per_time import (
     constrain_coefficients,
@@ -184,7 +183,8 @@ class CompiledModel(eqx.Module):
         Args:
             n_patches: the number of patches; per-patch parameters get `(patch,)`.
             key: initialises neural sub-models (one `jr.split` per sub-model, in
-                spec order); default `jax.random.key(0)`.
+                spec order); default: NumPy generators seeded 0, 1, ... in spec
+                order (`make_mlp`), which compile nothing.
 
         Returns:
             `{name: array}` for parameters, `{name: eqx.nn.MLP}` for neural parts.
@@ -206,16 +206,12 @@ class CompiledModel(eqx.Module):
                         f"{n_patches}",
                     )
                 value = np.broadcast_to(value, (n_patches,))
-            x = unconstrain(p.transform, jnp.asarray(value, float), *p.bounds)
+            # in NumPy, then device_put (jnp.asarray compiles a copy per shape)
+            x = unconstrain(p.transform, value, *p.bounds, xp=np)
             if p.per_time is not None:
-                x = self._constant_coefficients(p, x)
-            params[p.name] = x
-        if self.spec.neural:
-            key = jr.key(0) if key is None else key
-            keys = jr.split(key, len(self.spec.neural))
-            for k, n in zip(keys, self.spec.neural, strict=True):
-                params[n.name] = make_mlp(n, key=k)
-        return params
+                x = self._constant_coefficients(p, x, xp=np)
+            params[p.name] = jax.device_put(np.asarray(x, jnp.result_type(float)))
+        return {**params, **make_mlps(self.spec.neural, key)}
 
     def coefficients_at(self, name: str, value: ArrayLike) -> Array:
         """The coefficients of time-varying parameter `name` whose value is
@@ -225,13 +221,14 @@ class CompiledModel(eqx.Module):
         x = unconstrain(p.transform, jnp.asarray(value), *p.bounds)
         return self._constant_coefficients(p, x)
 
-    def _constant_coefficients(self, p, x: Array) -> Array:
+    def _constant_coefficients(self, p, x: Array, *, xp: Any = jnp) -> Array:
         """Coefficients of a time-varying parameter constant at the
-        unconstrained value `x` (`()` or `(patch,)`): levels `x`, amplitudes 0."""
+        unconstrained value `x` (`()` or `(patch,)`): levels `x`, amplitudes 0
+        (`xp=np`: in NumPy)."""
         K = n_coefficients(p.per_time, self._horizon())
-        x = jnp.broadcast_to(x, (K, *jnp.shape(x)))
+        x = xp.broadcast_to(x, (K, *xp.shape(x)))
         levels = level_mask(p.per_time, K).reshape((K,) + (1,) * (x.ndim - 1))
-        return jnp.where(levels, x, 0.0)
+        return xp.where(levels, x, 0.0)
 
     def _check_params(self, params: Mapping[str, Any], what: str) -> None:
         expected = [p.name for p in self.spec.parameters]

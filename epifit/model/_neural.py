@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PRNGKeyArray
 
 from epifit.model._spec import NeuralSpec
 
-__all__ = ["ACTIVATIONS", "canonical_activation", "make_mlp", "neural_rates"]
+__all__ = [
+    "ACTIVATIONS",
+    "canonical_activation",
+    "make_mlp",
+    "make_mlps",
+    "neural_rates",
+]
 
 
 def _identity(x: Array) -> Array:
@@ -35,17 +42,65 @@ def canonical_activation(name: str) -> str:
     return _ALIASES.get(name, name)
 
 
-def make_mlp(spec: NeuralSpec, *, key: PRNGKeyArray) -> eqx.nn.MLP:
-    """Initialise the MLP of a neural sub-model (`out_size="scalar"`)."""
-    return eqx.nn.MLP(
-        in_size=spec.in_size,
-        out_size="scalar",
-        width_size=spec.width,
-        depth=spec.depth,
-        activation=ACTIVATIONS[spec.activation],
-        final_activation=ACTIVATIONS[spec.final_activation],
-        key=key,
-    )
+def make_mlp(
+    spec: NeuralSpec, *, key: PRNGKeyArray | None = None, seed: int = 0
+) -> eqx.nn.MLP:
+    """Initialise the MLP of a neural sub-model (`out_size="scalar"`).
+
+    With a JAX `key`, equinox's own initialisation (`jax.random`, a few small
+    compiled operations per layer). Without one, the same distribution drawn
+    with a NumPy generator seeded `seed`: every weight and bias of a layer
+    with `n` inputs uniform on `(-1/sqrt(n), 1/sqrt(n))`, layer after layer,
+    weight before bias. That path compiles nothing, so a cold fit's start-up
+    does not wait on a dozen eager XLA compiles (`epifit/fitting/README.md`,
+    the cost model).
+    """
+
+    def build(k):
+        return eqx.nn.MLP(
+            in_size=spec.in_size,
+            out_size="scalar",
+            width_size=spec.width,
+            depth=spec.depth,
+            activation=ACTIVATIONS[spec.activation],
+            final_activation=ACTIVATIONS[spec.final_activation],
+            key=k,
+        )
+
+    if key is not None:
+        return build(key)
+    # the structure only (traced, nothing compiled), then NumPy draws
+    shapes = eqx.filter_eval_shape(lambda: build(jax.random.key(0)))
+    rng = np.random.default_rng(seed)
+    leaves = []
+    for layer in shapes.layers:
+        n_in = layer.weight.shape[1]
+        lim = 1.0 / np.sqrt(n_in) if n_in else 1.0
+        for a in (layer.weight, layer.bias):
+            if a is not None:
+                draw = rng.uniform(-lim, lim, a.shape).astype(a.dtype)
+                leaves.append(jax.device_put(draw))  # (jnp.asarray compiles)
+    return eqx.tree_at(_weights_and_biases, shapes, leaves)
+
+
+def make_mlps(
+    specs: Sequence[NeuralSpec], key: PRNGKeyArray | None = None
+) -> dict[str, eqx.nn.MLP]:
+    """The MLPs of a model's neural sub-models, by name: from `key` (one
+    `jax.random.split` per sub-model, in spec order) or, without one, from
+    NumPy generators seeded 0, 1, ... in spec order (nothing compiled)."""
+    if not specs:
+        return {}
+    if key is None:
+        return {n.name: make_mlp(n, seed=seed) for seed, n in enumerate(specs)}
+    keys = jax.random.split(key, len(specs))
+    return {n.name: make_mlp(n, key=k) for k, n in zip(keys, specs, strict=True)}
+
+
+def _weights_and_biases(mlp: eqx.nn.MLP) -> list:
+    return [
+        a for layer in mlp.layers for a in (layer.weight, layer.bias) if a is not None
+    ]
 
 
 def neural_rates(

@@ -97,15 +97,18 @@ def constrain(transform: str, x: ArrayLike, lo: float, hi: float) -> Array:
     return y if lo == 0.0 else lo + y
 
 
-def unconstrain(transform: str, y: ArrayLike, lo: float, hi: float) -> Array:
-    """Inverse of [`constrain`][]."""
-    y = jnp.asarray(y)
+def unconstrain(
+    transform: str, y: ArrayLike, lo: float, hi: float, *, xp: Any = jnp
+) -> Array:
+    """Inverse of [`constrain`][]; `xp=np` computes it in NumPy (set-up of
+    concrete values, no compiled operations)."""
+    y = xp.asarray(y)
     if transform == "identity":
         return y
     if transform == "sigmoid":
         z = (y - lo) / (hi - lo)
-        return jnp.log(z) - jnp.log1p(-z)
+        return xp.log(z) - xp.log1p(-z)
     z = y if lo == 0.0 else y - lo
     if transform == "exp":
-        return jnp.log(z)
-    return z + jnp.log(-jnp.expm1(-z))
+        return xp.log(z)
+    return z + xp.log(-xp.expm1(-z))

@@ -1,0 +1,161 @@
+"""What a cold fit compiles: counted XLA compiles and traced evaluation sites,
+never wall-clock time (`epifit/fitting/README.md`, the cost model)."""
+
+import contextlib
+
+import jax
+import numpy as np
+import pytest
+from helpers import REPO
+
+import epifit.model._compiled as compiled_module
+from epifit._jit import compiler_options, jit
+from epifit.fitting._optimize import Optimizer
+from epifit.fitting._resolve import fit_config, resolve_fit
+from epifit.simulation import Problem
+
+SIR = (REPO / "models" / "sir.toml", REPO / "data" / "boarding_school_1978.nc")
+NEURAL = (
+    REPO / "models" / "seird_metapop_counts.toml",
+    REPO / "data" / "synthetic_metapop_20.nc",
+)
+
+
+@contextlib.contextmanager
+def count_compiles():
+    """`[n]`: the XLA compiles (every backend compile, eager operations
+    included) while the block runs."""
+    compiler_options()  # its one-off probe compile is not the fit's
+    n = [0]
+
+    def listen(event, duration, **kw):
+        if event == "/jax/core/compile/backend_compile_duration":
+            n[0] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        yield n
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+
+
+@contextlib.contextmanager
+def count_vector_fields(monkeypatch):
+    """`[n]`: the traces of the model's right-hand side while the block runs
+    (each is one copy of the vector field in the program being lowered)."""
+    n = [0]
+    original = compiled_module.right_hand_side
+
+    def counting(*args, **kwargs):
+        n[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(compiled_module, "right_hand_side", counting)
+    yield n
+
+
+@pytest.fixture(scope="module")
+def sir():
+    return Problem(*SIR)
+
+
+def _setup(problem, methods):
+    config = fit_config(
+        None,
+        optimizer=[{"method": m, "iterations": 3} for m in methods],
+        uncertainty=False,
+    )
+    setup = resolve_fit(problem, config)
+    data = setup.objective.data()
+    xs = jax.device_put(np.asarray(setup.objective.free.x0)[None])
+    return setup, data, xs
+
+
+def test_init_params_compiles_nothing():
+    """The model's starting values (transforms in NumPy) and the MLP's seeded
+    NumPy initialisation: no XLA compile, the same numbers every time."""
+    problem = Problem(*NEURAL)
+    with count_compiles() as n:
+        a = problem.init_params()
+    assert n[0] == 0
+    b = problem.init_params()
+    leaves_a, leaves_b = jax.tree.leaves(a), jax.tree.leaves(b)
+    assert len(leaves_a) == len(leaves_b) > 4
+    for u, v in zip(leaves_a, leaves_b, strict=True):
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(v))
+    # equinox's default initialisation: uniform on +-1/sqrt(fan-in)
+    mlp = a["beta"]
+    for layer in mlp.layers:
+        lim = 1 / np.sqrt(layer.weight.shape[1])
+        assert np.all(np.abs(np.asarray(layer.weight)) <= lim)
+        assert np.std(np.asarray(layer.weight)) > 0.2 * lim
+
+
+@pytest.mark.parametrize(
+    "methods, programs",
+    [
+        # the method's state initialisation and the chunk
+        (["adam"], 2),
+        # the loss and gradient at the start, the initialisation, the chunk
+        (["lbfgs"], 3),
+        # the residuals and Jacobian at the start, the initialisation, the chunk
+        (["levenberg_marquardt"], 3),
+        # one initialisation and one chunk per phase
+        (["adam", "lbfgs"], 4),
+    ],
+)
+def test_optimizer_compiles_one_program_per_phase_kind(sir, methods, programs):
+    setup, data, xs = _setup(sir, methods)
+    optimizer = Optimizer(setup.objective, setup.phases, setup.options)
+    with count_compiles() as n:
+        out = optimizer.run(xs, data)
+    assert out["record"]["iteration"] > 0
+    assert n[0] == programs
+    # each chunk and initialisation traced once: one dispatch entry each
+    # (NumPy leaves in a first call and device arrays later would make two)
+    assert [fn._cache_size() for fn in optimizer._chunks.values()] == [1] * (
+        2 * len(methods)
+    )
+    # the same optimiser again (e.g. a second start batch): nothing new
+    with count_compiles() as n:
+        optimizer.run(xs, data)
+    assert n[0] == 0
+
+
+def _chunk_and_evaluation_copies(problem, method, evaluation, monkeypatch):
+    setup, data, xs = _setup(problem, [method])
+    objective = setup.objective
+    optimizer = Optimizer(objective, setup.phases, setup.options)
+    template = optimizer.template(0, xs, data)
+    with count_vector_fields(monkeypatch) as n:
+        jit(getattr(objective, evaluation)).lower(objective.free.x0, data)
+    one = n[0]
+    with count_vector_fields(monkeypatch) as n:
+        optimizer._chunk_fn(0).lower(template, data, np.int32(1))
+    return n[0], one
+
+
+@pytest.mark.parametrize(
+    "method, evaluation",
+    [
+        ("adam", "value_and_grad"),
+        ("levenberg_marquardt", "residuals_and_jacobian"),
+        pytest.param(
+            "lbfgs",
+            "value_and_grad",
+            marks=pytest.mark.xfail(
+                strict=True,
+                reason="optax's zoom line search evaluates value_and_grad at two "
+                "sites (its first trial point and its zoom loop): the L-BFGS chunk "
+                "holds two copies (issue 21)",
+            ),
+        ),
+    ],
+)
+def test_chunk_holds_one_evaluation_site(sir, method, evaluation, monkeypatch):
+    """The compiled chunk of a phase traces the vector field as often as one
+    evaluation of its objective does: one copy of `value_and_grad` (or of the
+    residual Jacobian) whatever the chunk size."""
+    chunk, one = _chunk_and_evaluation_copies(sir, method, evaluation, monkeypatch)
+    assert one > 0
+    assert chunk == one
