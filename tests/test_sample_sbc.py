@@ -16,7 +16,7 @@ import epifit
 from epifit.model import loads_model
 
 coverage = import_benchmark("coverage")
-N_DATASETS, THIN, BINS = 50, 10, 10
+N_DATASETS, THIN, BINS = 50, 3, 10
 
 
 @pytest.mark.slow
@@ -26,7 +26,7 @@ def test_ranks_of_the_truth_among_posterior_draws_are_uniform():
     ds = coverage.datasets("sir", truths, 40, rng)
     spec = loads_model(coverage.model_toml("sir"), path="sir.toml")
     fit = coverage.fit_config("sir")
-    post = epifit.sample(spec, ds, fit=fit, chains=4, warmup=300, draws=500,
+    post = epifit.sample(spec, ds, fit=fit, chains=2, warmup=200, draws=300,
                          seed=1, progress=False)  # fmt: skip
     table = post.diagnostics()
     assert table["r_hat"].max() <= 1.02, table["r_hat"].idxmax()
