@@ -75,7 +75,7 @@ class Profile:
             `grid_x` the same on the transformed scale.
         value: the profiled function at each grid point: the fit's negative
             log-likelihood (or log-posterior), the other parameters
-            re-optimised (see `epifit.fitting._profile`).
+            re-optimised (see [`profile`][epifit.fitting.profile]).
         delta: `value - minimum`.
         x: `(point, free)` the re-optimised free vectors (transformed);
             `free_labels` their labels.

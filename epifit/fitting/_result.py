@@ -76,8 +76,8 @@ class FitResult:
         notes: one-line remarks on the fit that are neither errors nor
             warnings (e.g. scalar parameters shared by several patches).
         priors: free parameter (or neural sub-model) -> its prior's record
-            (`family`, its numbers, `on`, `source`; see
-            `epifit.fitting._priors`): the loss is the negative log posterior.
+            (`family`, its numbers, `on`, `source`; see the calibration
+            reference's priors): the loss is the negative log posterior.
             Empty when read from a `FIT.nc` written before priors were stored.
     """
 
