@@ -172,9 +172,9 @@ def covered(res, truths: dict[str, np.ndarray]) -> dict[str, dict[float, np.ndar
     for p, v in truths.items():
         idx = [labels.index(f"{p}[d{i:03d}]") for i in range(len(v))]
         x, s, t = res.x[idx], se[idx], softplus_inverse(v)
-        est = np.array([rows[f"{p}[d{i:03d}]"]["upper"] for i in range(len(v))])
+        upper = np.array([rows[f"{p}[d{i:03d}]"]["upper"] for i in range(len(v))])
         hi95 = np.logaddexp(0.0, x + NormalDist().inv_cdf(0.975) * s)
-        np.testing.assert_allclose(hi95, est, rtol=1e-9)  # the table's intervals
+        np.testing.assert_allclose(hi95, upper, rtol=1e-9)  # the table's intervals
         out[p] = {
             level: np.abs(t - x) <= NormalDist().inv_cdf(0.5 + level / 2) * s
             for level in LEVELS

@@ -133,7 +133,7 @@ def _vector_field_against_dense(problem, day, travel_of_day, contacts_of_day):
     K = np.kron(travel_of_day, contacts_of_day)
     N = np.asarray(problem.covariates["population"])
     want = -beta * (K @ (np.asarray(y["I"][0]) / N)) * np.asarray(y["S"][0])
-    np.testing.assert_allclose(dy["S"][0], want, rtol=1e-12)
+    return np.asarray(dy["S"][0]), want
 
 
 def test_time_varying_travel_and_contacts_are_read_per_day():
@@ -150,8 +150,14 @@ def test_time_varying_travel_and_contacts_are_read_per_day():
     )
     spec = loads_model(text)
     problem = Problem(spec, travel_data(travel=travel, contacts=contacts))
+    got = {}
     for day in (0, 17, T - 1):
-        _vector_field_against_dense(problem, day, travel[day], contacts[day])
+        got[day], want = _vector_field_against_dense(
+            problem, day, travel[day], contacts[day]
+        )
+        np.testing.assert_allclose(got[day], want, rtol=1e-12)
+    # the days' matrices differ, and so do the infection terms read on them
+    assert not np.allclose(got[0], got[17]) and not np.allclose(got[17], got[T - 1])
 
 
 def test_a_sparse_travel_matrix_stays_sparse_and_agrees():
@@ -160,7 +166,8 @@ def test_a_sparse_travel_matrix_stays_sparse_and_agrees():
     pop = np.tile(POP[:1], (P, 1))
     problem = Problem(TRAVEL, travel_data(pop=pop, travel=ring))
     assert isinstance(problem.covariates["travel"], SparseCoupling)
-    _vector_field_against_dense(problem, 0, ring, C)
+    got, want = _vector_field_against_dense(problem, 0, ring, C)
+    np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def _ngm(problem, params, S):

@@ -6,6 +6,7 @@ from epifit.fitting._audit import audit_adjoints as audit_adjoints
 from epifit.fitting._calibrate import calibrate as calibrate
 from epifit.fitting._checkpoint import CheckpointError as CheckpointError
 from epifit.fitting._checkpoint import checkpoint_path as checkpoint_path
+from epifit.fitting._checkpoint import fingerprint as fingerprint
 from epifit.fitting._config import MAX_STARTS as MAX_STARTS
 from epifit.fitting._config import FitConfig as FitConfig
 from epifit.fitting._config import FitConfigError as FitConfigError

@@ -4,15 +4,14 @@ where it stopped, to the same numbers."""
 
 from __future__ import annotations
 
-import hashlib
-import json
+import dataclasses
 import os
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
+from epifit.fitting import fingerprint
 from epifit.sampling._nuts import STATS, NutsSettings
 
 __all__ = ["SamplerCheckpointError", "chain_checkpoint"]
@@ -22,20 +21,6 @@ FORMAT = 1
 
 class SamplerCheckpointError(ValueError):
     """A sampler checkpoint that is unreadable or belongs to another run."""
-
-
-def fingerprint(objective, settings: NutsSettings, starts: np.ndarray) -> str:
-    """What a checkpoint belongs to: the model, the data arrays, the settings
-    and the chains' starting points."""
-    h = hashlib.sha256()
-    h.update(repr(objective.problem.spec).encode())
-    for leaf in jax.tree.leaves(objective.data()):
-        a = np.asarray(leaf)
-        h.update(str((a.shape, a.dtype)).encode())
-        h.update(np.ascontiguousarray(a).tobytes())
-    h.update(json.dumps(settings.__dict__, sort_keys=True, default=str).encode())
-    h.update(np.ascontiguousarray(starts).tobytes())
-    return h.hexdigest()
 
 
 class _Store:
@@ -119,7 +104,12 @@ def chain_checkpoint(
             raise ValueError("resume=True needs a checkpoint file (checkpoint=...)")
         return _Store(None, "", {})
     path = Path(path)
-    key = fingerprint(objective, settings, np.asarray(starts))
+    key = fingerprint(
+        spec=objective.problem.spec,
+        arrays=objective.data(),
+        xs=np.asarray(starts),
+        settings=dataclasses.asdict(settings),
+    )
     if not resume:
         return _Store(path, key, {})
     if not path.is_file():

@@ -13,21 +13,13 @@ import numpy as np
 import xarray as xr
 
 from epifit.fitting import library_versions, observation_model
-from epifit.sampling._nuts import NutsSettings
+from epifit.sampling._nuts import STATS, NutsSettings
 from epifit.simulation import sample_noise
 
 __all__ = ["Posterior", "posterior_data"]
 
 RHAT_MAX = 1.01
 ESS_MIN = 400
-STAT_NAMES = {  # ours -> ArviZ's sample_stats names
-    "lp": "lp",
-    "diverging": "diverging",
-    "tree_depth": "tree_depth",
-    "n_steps": "n_steps",
-    "energy": "energy",
-    "acceptance_rate": "acceptance_rate",
-}
 
 
 def _values_fn(density):
@@ -108,8 +100,9 @@ def posterior_data(
         coords |= c
     posterior["x"] = (["chain", "draw", "free"], xs)
     stats = {
-        STAT_NAMES[k]: (["chain", "draw"], np.stack([r["stats"][k] for r in results]))
-        for k in STAT_NAMES
+        # the names ArviZ's sample_stats group uses
+        k: (["chain", "draw"], np.stack([r["stats"][k] for r in results]))
+        for k in STATS
     }
     stats["step_size"] = (
         ["chain", "draw"],
@@ -131,7 +124,6 @@ def posterior_data(
         "max_tree_depth": settings.max_tree_depth,
         "seed": settings.seed,
         "model_name": problem.spec.name,
-        "model_text": problem.spec_text() if hasattr(problem, "spec_text") else "",
         "map_x": json.dumps([float(v) for v in np.ravel(x_map)]),
         "versions": json.dumps(library_versions()),
         "timing": json.dumps(timing),

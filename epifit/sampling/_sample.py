@@ -175,6 +175,7 @@ def _map(model_or_problem, data, fit, init) -> dict:
             "model_sha256": init.hashes.get("model_sha256", ""),
             "data_sha256": init.hashes.get("data_sha256", ""),
             "map_loss": float(init.loss),
+            "model_text": init.model_text,
         },
     }
 
