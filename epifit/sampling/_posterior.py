@@ -216,12 +216,13 @@ class Posterior:
         """The posterior's parameter variables (not the free vector `x`)."""
         return [v for v in self.data.posterior.data_vars if v != "x"]
 
-    def diagnostics(self):
+    def diagnostics(self, round_to: int | str = "none"):
         """`arviz.summary` of the parameters: means, sd, HDI, MCSE, R-hat,
-        bulk and tail ESS."""
+        bulk and tail ESS; unrounded unless `round_to` says (arviz's own
+        default of two decimals would show an R-hat of 1.014 as 1.01)."""
         import arviz as az
 
-        return az.summary(self.data, var_names=self.parameters)
+        return az.summary(self.data, var_names=self.parameters, round_to=round_to)
 
     def warnings(self) -> list[str]:
         """What says the chains are not to be trusted yet: R-hat above 1.01,
@@ -250,7 +251,7 @@ class Posterior:
 
     def summary(self) -> str:
         """The diagnostics table and the warnings, as text."""
-        text = self.diagnostics().to_string()
+        text = self.diagnostics(round_to=3).to_string()
         warns = self.warnings()
         lines = [text, ""]
         lines += [f"warning: {w}" for w in warns] or ["no warnings"]
