@@ -188,3 +188,44 @@ def test_binding_reorders_strata_labels():
     np.testing.assert_array_equal(
         a.covariates["population"], b.covariates["population"]
     )
+
+
+@pytest.mark.slow  # ~43 s on one core: five adjoints compiled
+def test_gradient_in_per_stratum_parameters_agrees_across_adjoints():
+    """The same gradient from each of the five adjoints, within the error of
+    the adjoint ODE's tolerance, and each against central differences."""
+    problem = Problem(REGION, region_data())
+    params = problem.init_params()
+    x0 = params["susceptibility"]
+
+    def loss(x, settings):
+        p = {**params, "susceptibility": x}
+        return jnp.sum(problem.predict(p, problem.solve(p, settings).ys)["cases"])
+
+    tight = jax.jit(lambda x: loss(x, TIGHT))
+    h = 1e-5
+    fd = np.array(
+        [
+            (
+                tight(x0 + jnp.zeros(3).at[j].set(h))
+                - tight(x0 - jnp.zeros(3).at[j].set(h))
+            )
+            / (2 * h)
+            for j in range(3)
+        ]
+    )
+    grads = {}
+    for adjoint in (
+        "checkpoint",
+        "forward",
+        "backsolve",
+        "interpolating",
+        "quadrature",
+    ):
+        settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
+        grads[adjoint] = np.asarray(
+            jax.jit(jax.grad(lambda x, s=settings: loss(x, s)))(x0)
+        )
+    for adjoint, g in grads.items():
+        np.testing.assert_allclose(g, fd, rtol=1e-5, err_msg=adjoint)
+        np.testing.assert_allclose(g, grads["checkpoint"], rtol=1e-6, err_msg=adjoint)
