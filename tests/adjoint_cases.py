@@ -24,6 +24,8 @@ ADJOINTS = {
     "quadrature": QuadratureAdjoint(),
     "forward": ForwardAdjoint(),
 }
+# The same five by the names `SolverSettings(adjoint=...)` takes.
+ADJOINT_NAMES = ("checkpoint", "forward", "backsolve", "interpolating", "quadrature")
 RTOL, ATOL = 1e-9, 1e-11
 CTRL = PIDController(rtol=RTOL, atol=ATOL)
 # The checkpoint and forward adjoints differentiate the discrete solution, which

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import scipy.stats
 import xarray as xr
-from adjoint_cases import finite_differences, rel_error
+from adjoint_cases import ADJOINT_NAMES, finite_differences, rel_error
 from helpers import to_toml
 from scipy.integrate import solve_ivp
 
@@ -452,13 +452,7 @@ def test_gradients_through_every_new_piece_agree_with_fd_and_across_adjoints():
     free = FreeParameters(problem, params)
     x = free.x0
     grads = {}
-    for adjoint in (
-        "checkpoint",
-        "forward",
-        "backsolve",
-        "interpolating",
-        "quadrature",
-    ):
+    for adjoint in ADJOINT_NAMES:
         settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
         objective = Objective(problem, free, settings)
         data = objective.data()

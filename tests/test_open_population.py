@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from adjoint_cases import finite_differences, rel_error
+from adjoint_cases import ADJOINT_NAMES, finite_differences, rel_error
 from scipy.integrate import solve_ivp
 
 from epifit.fitting import FreeParameters, Objective
@@ -565,13 +565,7 @@ def test_gradients_of_state_reading_rates_agree_with_fd_and_across_adjoints():
     free = FreeParameters(problem, problem.init_params())
     x = free.x0
     grads = {}
-    for adjoint in (
-        "checkpoint",
-        "forward",
-        "backsolve",
-        "interpolating",
-        "quadrature",
-    ):
+    for adjoint in ADJOINT_NAMES:
         settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
         objective = Objective(problem, free, settings)
         data = objective.data()

@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
+from adjoint_cases import ADJOINT_NAMES, finite_differences
 from scipy.integrate import solve_ivp
 
 import epifit
@@ -203,25 +204,9 @@ def test_gradient_in_per_stratum_parameters_agrees_across_adjoints():
         return jnp.sum(problem.predict(p, problem.solve(p, settings).ys)["cases"])
 
     tight = jax.jit(lambda x: loss(x, TIGHT))
-    h = 1e-5
-    fd = np.array(
-        [
-            (
-                tight(x0 + jnp.zeros(3).at[j].set(h))
-                - tight(x0 - jnp.zeros(3).at[j].set(h))
-            )
-            / (2 * h)
-            for j in range(3)
-        ]
-    )
+    fd = finite_differences(tight, x0, eps=1e-5)
     grads = {}
-    for adjoint in (
-        "checkpoint",
-        "forward",
-        "backsolve",
-        "interpolating",
-        "quadrature",
-    ):
+    for adjoint in ADJOINT_NAMES:
         settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
         grads[adjoint] = np.asarray(
             jax.jit(jax.grad(lambda x, s=settings: loss(x, s)))(x0)
