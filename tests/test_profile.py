@@ -94,6 +94,10 @@ def _softplus(x):
     return np.logaddexp(0.0, x)
 
 
+def _softplus_inverse(y):
+    return y + np.log(-np.expm1(-y))
+
+
 def _residuals(beta, gamma, i0):
     def f(t, u):
         s, i = u
@@ -344,6 +348,27 @@ def test_the_profile_includes_the_fits_prior():
         # solver tolerance 1e-8 against SciPy's 1e-11
         assert prof.value[k] == pytest.approx((ssr + nll_prior) / (2 * s2), rel=1e-7)
     assert any("divided by 2 s²" in n for n in prof.notes)
+
+    # the Laplace approximation reads the same objective: the precision is
+    # (2 JᵀJ + 2 J_pᵀJ_p) / (2 s²), J by central differences of SciPy's
+    # residuals on the softplus scale, J_p that of the prior's residual
+    z0 = np.array([_softplus_inverse(fit.intervals[k]["estimate"]) for k in fit.labels])
+
+    def residuals(z):
+        c = dict(zip(fit.labels, _softplus(z), strict=True))
+        return _residuals(c["beta"], c["gamma"], c["I0"])
+
+    h = 1e-5
+    J = np.stack(
+        [(residuals(z0 + h * e) - residuals(z0 - h * e)) / (2 * h) for e in np.eye(3)],
+        axis=1,
+    )
+    i = fit.labels.index("beta")
+    Jp = np.zeros(3)
+    # the prior's residual ((beta - mean) / sd) / sqrt(2), d beta / dz = sigmoid(z)
+    Jp[i] = 1.0 / (0.05 * math.sqrt(2.0)) / (1.0 + math.exp(-z0[i]))
+    precision = (2.0 * J.T @ J + 2.0 * np.outer(Jp, Jp)) / (2.0 * s2)
+    np.testing.assert_allclose(fit.covariance, np.linalg.inv(precision), rtol=1e-5)
 
 
 # -- the command ---------------------------------------------------------------------

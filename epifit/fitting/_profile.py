@@ -25,8 +25,8 @@ residual variance (`SSR / (n - p)`, stored with the Laplace approximation),
 so that it is the negative log-likelihood with the noise scale held at its
 estimate, the function whose curvature the Laplace approximation inverts.
 (A prior on such a fit is weighed as `calibrate` weighs it, in sum-of-squares
-units, so it is divided by `2 s²` too; the Laplace approximation adds the
-prior's curvature unscaled, and a note says the two then differ.)
+units, so it is divided by `2 s²` too, as in the Laplace approximation; a note
+says so. `noise = "known"` gives the priors their stated scale.)
 
 **The grid** spans the fitted value `± span` Laplace standard errors (default
 4) on the transformed (unconstrained) scale, where the quadratic approximation
@@ -415,7 +415,8 @@ def profile(
         notes.append(
             "least_squares with an estimated noise variance: the priors and "
             "penalties are divided by 2 s² with the sum of squares, as the fit "
-            "weighs them; the Laplace interval adds their curvature unscaled"
+            "and the Laplace approximation weigh them (noise = 'known' keeps "
+            "their stated scale)"
         )
     if not (math.isfinite(se) and se > 0):
         notes.append(

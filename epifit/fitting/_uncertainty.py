@@ -5,7 +5,7 @@ neural weights included) is approximated by `Normal(x̂, H⁻¹)`, with `H` the
 Hessian of the negative log posterior (the negative log-likelihood plus every
 free parameter's negative log-prior, see `_priors.py`) at the MAP `x̂`:
 
-* `gauss_newton` (least squares): `H = JᵀJ / s² + 2 J_pᵀJ_p` with `J` the
+* `gauss_newton` (least squares): `H = 2 JᵀJ + 2 J_pᵀJ_p` with `J` the
   Jacobian of the data residuals `sqrt(w) (predicted - observed)` (forward
   sensitivities) and `J_p` that of the prior/penalty residuals.
 * `hessian`: `jax.hessian` of the loss (forward over reverse mode).
@@ -14,8 +14,13 @@ For least_squares observations the loss is a weighted sum of squares, not a
 likelihood: the residual variance is estimated as `s² = SSR / (n - p)` (`n`
 observed points, `p` free parameters), as in nonlinear regression, so that the
 intervals reflect the scatter of the data (`noise = "estimate"`, the default
-for all-least_squares fits). With `noise = "known"` the weights are taken as
-`1 / (2 σ²)` and the loss as the negative log-likelihood. A `gaussian`
+for all-least_squares fits). The whole loss, priors and penalties included, is
+then read as a quasi-likelihood in sum-of-squares units: both Hessians are
+divided by `2 s²`. That is the objective whose minimum the fit found (dividing
+by a constant moves no minimum) and the one [`profile`][epifit.fitting.profile]
+profiles, so the two agree; a prior thus weighs as `calibrate` weighed it.
+With `noise = "known"` the weights are taken as `1 / (2 σ²)` and the loss as
+the negative log-likelihood, so the priors keep their stated scale. A `gaussian`
 observation (with its `sd`) is a likelihood already: nothing is estimated.
 
 Curvature is judged on `H` scaled to a unit diagonal. Where the `hessian` is
@@ -119,12 +124,9 @@ def laplace(
         k = objective.n_data_rows
         rd, Jd, Jp = r[:k], J[:k], J[k:]
         ssr = float(rd @ rd)
-        Hp = 2.0 * Jp.T @ Jp
+        Hd, Hp = 2.0 * Jd.T @ Jd, 2.0 * Jp.T @ Jp
         if estimate:
             s2 = ssr / dof if dof > 0 else math.nan
-            Hd = Jd.T @ Jd / s2
-        else:
-            Hd = 2.0 * Jd.T @ Jd
     elif method == "hessian":
         # the data part is the expensive one (a solve); the penalty has none
         Hd = np.asarray(jit(objective.data_hessian)(x, data), np.float64)
@@ -135,12 +137,15 @@ def laplace(
             else:
                 ssr = float(loss) - float(jit(objective.penalty)(x, data))
             s2 = ssr / dof if dof > 0 else math.nan
-            Hd = Hd / (2.0 * s2)
     else:
         raise ValueError(
             f"Unknown uncertainty method {method!r}; expected auto, gauss_newton or "
             "hessian."
         )
+    if s2 is not None:
+        # the whole loss in sum-of-squares units, as the fit and the profile
+        # read it (module docstring)
+        Hd, Hp = Hd / (2.0 * s2), Hp / (2.0 * s2)
     Hd, Hp = 0.5 * (Hd + Hd.T), 0.5 * (Hp + Hp.T)
     raw = Hd + Hp
     H, cov, message = _posterior(Hd, Hp, tuple(objective.free.labels))
