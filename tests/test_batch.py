@@ -313,7 +313,14 @@ def test_a_task_fits_forecasts_and_merges_without_a_cluster(folder, monkeypatch)
     assert [s["status"] for s in summaries] == ["ok", "failed"]
     assert summaries[1]["error"].startswith("DataError: ")
     assert "in_bed" in summaries[1]["error"]
-    ds = merge_tasks([inputs[0], broken], tasks_dir, {}, {"batch_file": "b"})
+    ds = merge_tasks(
+        [inputs[0], broken],
+        tasks_dir,
+        {},
+        {"batch_file": "b"},
+        scenarios=spec.scenarios,
+        root=spec.root,
+    )
     assert list(ds["status"].values) == ["ok", "failed"]
     assert ds["error"].values[1] == summaries[1]["error"]
     assert (ds["start_time"] <= ds["end_time"]).all()
@@ -324,10 +331,20 @@ def test_a_task_fits_forecasts_and_merges_without_a_cluster(folder, monkeypatch)
         ds["estimate"].values[0], [r["estimate"] for r in fit.table]
     )
     assert fit.settings["seed"] == 5 and fit.iterations == 3
-    (name,) = str(ds["forecast_files"].values[0]).split(",")
+    # the scenario dimension: the baseline and halve, both in the one forecast
+    assert list(ds["scenario"].values) == ["baseline", "halve"]
+    assert list(ds["scenario_file"].values) == ["halve.toml"] * 2
+    (name,) = set(ds["forecast_file"].values[0])
+    assert list(ds["forecast_file"].values[1]) == ["", ""]
     forecast = open_dataset(tasks_dir / name)
     assert forecast.attrs["epifit_kind"] == "forecast"
-    assert "halve" in [str(s) for s in forecast["scenario"].values]
+    assert [str(s) for s in forecast["scenario"].values] == ["baseline", "halve"]
+    for s in ("baseline", "halve"):
+        # the median of the forecast's cumulative in_bed over the days
+        want = forecast["cumulative_in_bed_total"].sel(scenario=s, quantile=0.5)
+        got = ds["forecast_cumulative"].sel(scenario=s).values[0]
+        assert got == float(want) and np.isfinite(got)
+    assert np.isnan(ds["forecast_cumulative"].values[1]).all()
     assert ds["fit_file"].values[1] == "" and np.isnan(ds["estimate"].values[1]).all()
 
 

@@ -60,7 +60,7 @@ def bootstrap_data(fit, data, *, kind: str = "parametric", seed: int = 0):
     have none):
 
     - `parametric`: from its own noise family at the fitted values, as
-      [`simulate`][epifit.simulate]`(observe="model", seed=seed)` draws it
+      [`simulate`][epifit.simulation.simulate]`(observe="model", seed=seed)` draws it
       (a least-squares observation as a gaussian of `sd = sqrt(1 / (2 w))`);
     - `residual`: the prediction plus residuals (data minus prediction) of
       the same observation drawn with replacement

@@ -49,7 +49,7 @@ class BatchResult:
     def to_json(self) -> dict[str, Any]:
         return dict(
             out=str(self.path),
-            tasks=len(self.ran) + len(self.skipped),
+            tasks=self.n_ok + self.n_failed,
             ran=len(self.ran),
             skipped=len(self.skipped),
             ok=self.n_ok,
