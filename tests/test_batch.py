@@ -346,6 +346,41 @@ def test_a_task_fits_forecasts_and_merges_without_a_cluster(folder, monkeypatch)
         assert got == float(want) and np.isfinite(got)
     assert np.isnan(ds["forecast_cumulative"].values[1]).all()
     assert ds["fit_file"].values[1] == "" and np.isnan(ds["estimate"].values[1]).all()
+    _check_bootstrap_data(tasks_dir / str(ds["fit_file"].values[0]))
+
+
+def _check_bootstrap_data(fit_file: Path) -> None:
+    """Both kinds of draw from a task's FIT.nc, the data with one day
+    missing: parametric is `simulate(observe="model")` at the fit, residual
+    the prediction plus residuals of the fit drawn from its own set; the
+    missing day stays missing."""
+    from epifit import simulate
+    from epifit.batch import bootstrap_data
+    from epifit.fitting import FitResult
+
+    ds = open_dataset(BOARDING).load()
+    ds["in_bed"] = ds["in_bed"].astype(float)
+    ds["in_bed"][3] = np.nan
+    fit = FitResult.from_netcdf(fit_file, data=ds)
+    observed = ds["in_bed"].values
+    seen = np.isfinite(observed)
+    # the fit file's tolerances
+    sim = simulate(
+        fit.model, ds, params=fit.params, observe="model", seed=9, rtol=1e-8, atol=1e-8
+    )
+    predicted = sim["predicted_in_bed"].values[:, 0]
+    para = bootstrap_data(fit, ds, kind="parametric", seed=9)
+    np.testing.assert_array_equal(
+        para["in_bed"].values[:, 0], np.where(seen, sim["in_bed"].values[:, 0], np.nan)
+    )
+    resid = bootstrap_data(fit, ds, kind="residual", seed=9)
+    drawn = resid["in_bed"].values[:, 0]
+    assert np.isnan(drawn[~seen]).all() and np.isfinite(drawn[seen]).all()
+    residuals = observed[seen] - predicted[seen]
+    for d, p in zip(drawn[seen], predicted[seen], strict=True):
+        # each point is its prediction plus one of the residuals (or 0)
+        assert d == 0.0 or np.isclose(d - p, residuals, rtol=0, atol=1e-9).any()
+    assert len(set(np.round(drawn[seen] - predicted[seen], 9))) > 1
 
 
 # -- bootstrap replicates and scenarios ------------------------------------------
