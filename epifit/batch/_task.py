@@ -117,9 +117,10 @@ def _replicate_data(task: TaskInput, out: Path, record: dict):
 def _fit(task: TaskInput, out: Path, record: dict):
     from epifit.fitting import calibrate
 
-    data, init = _dataset(task), None
     if task.replicate >= 0:
         data, init = _replicate_data(task, out, record)
+    else:
+        data, init = _dataset(task), None
     with warnings.catch_warnings():
         # a fit stopped by non-finite losses says so in its message
         warnings.filterwarnings("ignore", message="stopped: ", category=RuntimeWarning)
