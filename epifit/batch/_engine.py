@@ -112,27 +112,33 @@ def run_tasks(
     function: Callable[[Any], dict],
     inputs: Sequence[Any],
     *,
-    on_done: Callable[[Any, dict], None],
+    on_done: Callable[[Any, dict], Sequence[Any] | None],
     progress: bool,
 ) -> None:
     """Submit `function(input)` for every input (one task each, pure=False,
     `RETRIES` retries), call `on_done(input, summary)` as each finishes (a
     task that still raises after its retries gets a summary with status
-    `failed` and the error), with a progress bar on stderr. An interrupt
-    cancels what is left and raises again."""
+    `failed` and the error) and submit the inputs it returns (a bootstrap's
+    replicates once their original is done), with a progress bar on stderr.
+    An interrupt cancels what is left and raises again."""
     from distributed import wait
 
-    futures = {
-        client.submit(
-            function,
-            x,
-            key=f"epifit-{x.key}-{time.time_ns()}",
-            pure=False,
-            retries=RETRIES,
-        ): x
-        for x in inputs
-    }
-    pending = set(futures)
+    futures: dict = {}
+
+    def submit(xs) -> None:
+        for x in xs:
+            fut = client.submit(
+                function,
+                x,
+                key=f"epifit-{x.key}-{time.time_ns()}",
+                pure=False,
+                retries=RETRIES,
+            )
+            futures[fut] = x
+            pending.add(fut)
+
+    pending: set = set()
+    submit(inputs)
     bar = _Bar(len(futures), progress)
     try:
         with bar:
@@ -145,8 +151,9 @@ def run_tasks(
                 pending -= done
                 for fut in done:
                     summary = _summary(fut, futures[fut])
-                    on_done(futures[fut], summary)
-                    bar.advance(summary["status"] != "ok")
+                    then = list(on_done(futures[fut], summary) or ())
+                    bar.advance(summary["status"] != "ok", more=len(then))
+                    submit(then)
                 bar.running(_running(client, pending))
     except BaseException:
         client.cancel(list(pending))
@@ -218,10 +225,14 @@ class _Bar:
         if self._progress is not None:
             self._progress.__exit__(*exc)
 
-    def advance(self, failed: bool) -> None:
+    def advance(self, failed: bool, more: int = 0) -> None:
+        """One task done (`failed` or not); `more` tasks submitted after it."""
         self.failed += failed
+        self.total += more
         if self._progress is not None:
-            self._progress.update(self._id, advance=1, failed=self.failed)
+            self._progress.update(
+                self._id, advance=1, failed=self.failed, total=self.total
+            )
 
     def running(self, n: int) -> None:
         if self._progress is not None:

@@ -1,4 +1,6 @@
-"""`batch.nc`: the task files of a batch merged along a `task` dimension."""
+"""`batch.nc`: the task files of a batch merged along a `task` dimension,
+with the bootstrap intervals of each original task and, with forecasts, a
+`scenario` dimension."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from epifit.batch._bootstrap import bootstrap_intervals
 from epifit.batch._task import TABLE, read_task
 
 __all__ = ["KIND", "merge_tasks"]
@@ -27,8 +30,17 @@ FLOATS = (
 )
 TIMES = ("start_time", "end_time")  # unix seconds on the worker -> datetime64
 INTS = ("iterations", "converged", "pid")
-STRINGS = ("status", "error", "message", "fingerprint", "host", "fit_file")
-COORDS = ("model", "dataset", "patch", "fit", "seed")
+STRINGS = (
+    "status",
+    "error",
+    "message",
+    "fingerprint",
+    "host",
+    "fit_file",
+    "data_file",
+)
+COORDS = ("model", "dataset", "patch", "fit", "seed", "replicate", "original")
+INT_COORDS = ("seed", "replicate")
 
 
 def merge_tasks(
@@ -36,10 +48,17 @@ def merge_tasks(
     tasks_dir: Path,
     missing: Mapping[str, str],
     attrs: Mapping[str, Any],
+    *,
+    scenarios: Sequence[tuple[str, str]] = (),
+    level: float = 0.95,
+    root: Path | None = None,
 ):
     """One Dataset over (`task`, `parameter`) from the task files of `inputs`
     (`TaskInput`s, in order); a task without a file is `failed` with the error
-    in `missing` (by key)."""
+    in `missing` (by key). `scenarios` (the batch's `(name, scenario file)`,
+    see `BatchSpec.scenarios`) gives the `scenario` dimension; `level` the
+    bootstrap intervals' level; `root` the folder the scenario files are
+    named relative to."""
     import xarray as xr
 
     files = [read_task(tasks_dir / f"{t.key}.nc") for t in inputs]
@@ -81,13 +100,13 @@ def merge_tasks(
         out[k] = ("task", np.asarray([int(r.get(k, -1)) for r in rows], np.int64))
     for k in STRINGS:
         out[k] = ("task", np.asarray([str(r.get(k, "")) for r in rows], dtype=str))
-    out["forecast_files"] = (
+    out["replicate_seed"] = (
         "task",
-        np.asarray(
-            [",".join(json.loads(r.get("forecast_files", "[]"))) for r in rows],
-            dtype=str,
-        ),
+        np.asarray([int(t.replicate_seed) for t in inputs], np.int64),
     )
+    _bootstrap_vars(out, inputs, level)
+    if scenarios:
+        out = _scenario_vars(out, inputs, rows, scenarios, root)
     _describe(out)
     out.attrs = dict(
         epifit_kind=KIND,
@@ -95,6 +114,7 @@ def merge_tasks(
         n_tasks=n,
         n_ok=int(sum(r["status"] == "ok" for r in rows)),
         n_failed=int(sum(r["status"] != "ok" for r in rows)),
+        bootstrap_level=level,
         **_versions(rows),
         **attrs,
     )
@@ -110,8 +130,77 @@ def _coordinates(inputs: Sequence[Any], labels: list[str], names: dict) -> dict:
     }
     for k in COORDS:
         values = [t.coordinates[k] for t in inputs]
-        coords[k] = ("task", np.asarray(values, dtype=np.int64 if k == "seed" else str))
+        dtype = np.int64 if k in INT_COORDS else str
+        coords[k] = ("task", np.asarray(values, dtype=dtype))
     return coords
+
+
+def _bootstrap_vars(out, inputs: Sequence[Any], level: float) -> None:
+    """`bootstrap_lower`, `bootstrap_upper` (task, parameter) and
+    `bootstrap_n` (task) from the replicates' estimates."""
+    position = {t.key: i for i, t in enumerate(inputs)}
+    original = np.asarray([position[t.coordinates["original"]] for t in inputs])
+    replicate = np.asarray([t.replicate for t in inputs])
+    lower, upper, n = bootstrap_intervals(
+        out["estimate"].values,
+        original,
+        replicate,
+        out["status"].values == "ok",
+        level,
+    )
+    dims = ("task", "parameter")
+    pct = f"{100 * (1 - level) / 2:g} and {100 * (1 + level) / 2:g}"
+    what = f"percentile of the ok bootstrap replicates' estimates ({pct})"
+    out["bootstrap_lower"] = (dims, lower, {"long_name": f"lower {what}"})
+    out["bootstrap_upper"] = (dims, upper, {"long_name": f"upper {what}"})
+    out["bootstrap_n"] = (
+        "task",
+        n,
+        {"long_name": "ok bootstrap replicates of the task (0 for replicates)"},
+    )
+
+
+def _scenario_vars(out, inputs, rows, scenarios, root):
+    """The `scenario` dimension: per (task, scenario) the forecast file that
+    holds the scenario and the median of its cumulative first observation."""
+    names = [name for name, _ in scenarios]
+    files = np.full((len(inputs), len(names)), "", dtype=object)
+    cumulative = np.full((len(inputs), len(names)), np.nan)
+    for i, (task, r) in enumerate(zip(inputs, rows, strict=True)):
+        written = json.loads(r.get("forecast_files", "[]"))
+        medians = json.loads(r.get("forecast_cumulative", "{}"))
+        listed = list((task.forecast or {}).get("scenarios", []))
+        for j, (name, file) in enumerate(scenarios):
+            k = listed.index(file) if listed else 0
+            if k < len(written):
+                files[i, j] = written[k]
+                cumulative[i, j] = float(medians.get(name, np.nan))
+    out = out.assign_coords(
+        scenario=("scenario", names),
+        scenario_file=(
+            "scenario",
+            np.asarray([_relative(f, root) for _, f in scenarios], dtype=str),
+        ),
+    )
+    out["forecast_file"] = (("task", "scenario"), files.astype(str))
+    out["forecast_cumulative"] = (("task", "scenario"), cumulative)
+    out["forecast_file"].attrs["long_name"] = (
+        "the task's forecast holding the scenario, relative to tasks/"
+    )
+    out["forecast_cumulative"].attrs["long_name"] = (
+        "median forecast of the first observation's total over the forecast "
+        "days and patches"
+    )
+    return out
+
+
+def _relative(path: str, root: Path | None) -> str:
+    if not path or root is None:
+        return path
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return path
 
 
 def _describe(ds) -> None:
@@ -123,6 +212,12 @@ def _describe(ds) -> None:
     ds["start_time"].attrs["long_name"] = "when the task started (UTC)"
     ds["end_time"].attrs["long_name"] = "when the task ended (UTC)"
     ds["fit_file"].attrs["long_name"] = "the task's FIT.nc, relative to tasks/"
+    ds["data_file"].attrs["long_name"] = (
+        "a bootstrap replicate's drawn data, relative to tasks/ (else empty)"
+    )
+    ds["replicate_seed"].attrs["long_name"] = (
+        "the seed of a replicate's draws (-1 for an original task)"
+    )
 
 
 def _datetimes(ns: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from epifit._paths import (
     output_lock,
     remove_stale_temporaries,
 )
+from epifit.batch._bootstrap import replicate_seed
 from epifit.batch._engine import dashboard, open_client, run_tasks
 from epifit.batch._merge import merge_tasks
 from epifit.batch._spec import BatchError, BatchSpec, load_batch
@@ -31,7 +32,8 @@ class BatchResult:
     Attributes:
         path: the merged `batch.nc`.
         dataset: its contents.
-        ran: the keys of the tasks run now; skipped: those kept (`resume`).
+        ran: the keys of the tasks run now; skipped: those kept (`resume`);
+            neither: the replicates of failed originals (failed, not run).
         n_ok, n_failed: tasks `ok` and `failed` in `batch.nc`.
         dashboard: the Dask dashboard's address, when there was one.
     """
@@ -47,7 +49,7 @@ class BatchResult:
     def to_json(self) -> dict[str, Any]:
         return dict(
             out=str(self.path),
-            tasks=len(self.ran) + len(self.skipped),
+            tasks=self.n_ok + self.n_failed,
             ran=len(self.ran),
             skipped=len(self.skipped),
             ok=self.n_ok,
@@ -70,8 +72,10 @@ def run_batch(
 
     Each task (a calibrate, then its forecasts; see `docs/batch.md`) runs on
     a Dask worker and writes `OUT/tasks/KEY.nc` atomically; a task that fails
-    records its error there and the others go on. The tasks run in the
-    current precision (`jax_enable_x64`).
+    records its error there and the others go on. A bootstrap replicate is
+    submitted once its original task has written an ok fit (a replicate of a
+    failed original is failed, with no file). The tasks run in the current
+    precision (`jax_enable_x64`).
 
     Args:
         batch: a `BATCH.toml` path or a parsed `BatchSpec`.
@@ -81,7 +85,8 @@ def run_batch(
         scheduler: the address of an existing Dask scheduler instead.
         resume: run only the tasks whose file is missing or was written for
             other inputs (its fingerprint: model, data, fit and scenario
-            files' SHA-256, the settings, the precision).
+            files' SHA-256, the settings, the precision; a replicate's: its
+            original's with the bootstrap's kind, seed and number).
         progress: a progress bar on stderr: `True`, `False` or `"auto"` (when
             stderr is a terminal).
         cache_dir: JAX's persistent compilation cache the workers share
@@ -108,43 +113,87 @@ def run_batch(
         missing: dict[str, str] = {}
         link = None
         _clean(tasks_dir)
+        plan = _Plan(inputs, todo, tasks_dir, missing)
         try:
-            if todo:
-                link = _run(todo, missing, workers, scheduler, cache, progress)
+            if plan.first:
+                link = _run(plan, workers, scheduler, cache, progress)
         finally:
             _clean(tasks_dir)  # temporaries of killed writers
         attrs = _attributes(spec, workers, scheduler)
-        ds = merge_tasks(inputs, tasks_dir, missing, attrs)
+        level = spec.bootstrap.level if spec.bootstrap is not None else 0.95
+        ds = merge_tasks(
+            inputs,
+            tasks_dir,
+            missing,
+            attrs,
+            scenarios=spec.scenarios,
+            level=level,
+            root=spec.root,
+        )
         from epifit.data import write_dataset
 
         write_dataset(ds, merged)
-    done = {t.key for t in todo}
+    done, kept = plan.submitted, {t.key for t in inputs} - {t.key for t in todo}
     return BatchResult(
         path=merged,
         dataset=ds,
         ran=[t.key for t in inputs if t.key in done],
-        skipped=[t.key for t in inputs if t.key not in done],
+        skipped=[t.key for t in inputs if t.key in kept],
         n_ok=int(ds.attrs["n_ok"]),
         n_failed=int(ds.attrs["n_failed"]),
         dashboard=link,
     )
 
 
-def _run(todo, missing, workers, scheduler, cache, progress) -> str | None:
-    show = sys.stderr.isatty() if progress == "auto" else bool(progress)
+class _Plan:
+    """What runs: the originals to do, then each replicate to do once its
+    original has an ok fit (now, for an original kept by `resume`; else when
+    it finishes). A replicate whose original failed is recorded as failed in
+    `missing` and never submitted."""
 
-    def on_done(task, summary):
+    def __init__(self, inputs, todo, tasks_dir: Path, missing: dict[str, str]):
+        self.tasks_dir, self.missing = tasks_dir, missing
+        self.submitted: set[str] = set()
+        todo_keys = {t.key for t in todo}
+        self.waiting: dict[str, list[TaskInput]] = {}
+        self.first: list[TaskInput] = []
+        for t in todo:
+            if t.replicate < 0:
+                self.first.append(t)
+            elif t.original_key in todo_keys:
+                self.waiting.setdefault(t.original_key, []).append(t)
+            else:  # its original was kept: run it now, or fail it
+                self.first.extend(self._ready(t.original_key, [t]))
+        self.submitted.update(t.key for t in self.first)
+
+    def _ready(self, original: str, replicates: list[TaskInput]) -> list[TaskInput]:
+        ds = read_task(self.tasks_dir / f"{original}.nc")
+        if ds is not None and ds.attrs.get("status") == "ok":
+            return replicates
+        why = "no task file" if ds is None else ds.attrs.get("error", "")
+        for t in replicates:
+            self.missing[t.key] = f"the original task {original} failed: {why}"
+        return []
+
+    def on_done(self, task: TaskInput, summary: dict) -> list[TaskInput]:
+        """Record a task that left no file; the replicates it lets run."""
         if (
             summary["status"] != "ok"
             and not (Path(task.out_dir) / f"{task.key}.nc").is_file()
         ):
-            missing[task.key] = summary["error"]
+            self.missing[task.key] = summary["error"]
+        then = self._ready(task.key, self.waiting.pop(task.key, []))
+        self.submitted.update(t.key for t in then)
+        return then
 
+
+def _run(plan: _Plan, workers, scheduler, cache, progress) -> str | None:
+    show = sys.stderr.isatty() if progress == "auto" else bool(progress)
     with open_client(workers=workers, scheduler=scheduler, cache_dir=cache) as client:
         link = dashboard(client)
         if link:
             print(f"epifit batch: Dask dashboard at {link}", file=sys.stderr)
-        run_tasks(client, run_task, todo, on_done=on_done, progress=show)
+        run_tasks(client, run_task, plan.first, on_done=plan.on_done, progress=show)
     return link
 
 
@@ -193,8 +242,11 @@ def _inputs(
             shas[path] = file_sha256(path)
         return shas[path]
 
-    out = []
+    out: list[TaskInput] = []
     for t in spec.tasks:
+        if t.replicate >= 0:
+            out.append(_replicate_input(spec, out[t.original], t))
+            continue
         forecast = None if t.forecast is None else dict(t.forecast)
         scenario_shas = [sha(s) for s in (forecast or {}).get("scenarios", [])]
         fingerprint = _hash(
@@ -220,12 +272,37 @@ def _inputs(
                 calibrate=dict(t.calibrate),
                 forecast=forecast,
                 fingerprint=fingerprint,
-                coordinates=t.coordinates(spec.root),
+                coordinates=t.coordinates(spec.root) | {"original": t.key},
                 x64=x64,
                 cache_dir=cache,
             )
         )
     return out
+
+
+def _replicate_input(spec: BatchSpec, original: TaskInput, t) -> TaskInput:
+    """A replicate's input: its original's, refitting data drawn with the
+    replicate's seed, without forecasts."""
+    b = spec.bootstrap
+    seed = replicate_seed(b.seed, original.key, t.replicate)
+    fingerprint = _hash(
+        original=original.fingerprint,
+        kind=b.kind,
+        seed=b.seed,
+        replicate=t.replicate,
+        replicate_seed=seed,
+    )
+    return dataclasses.replace(
+        original,
+        key=t.key,
+        forecast=None,
+        fingerprint=fingerprint,
+        coordinates=dict(original.coordinates) | {"replicate": t.replicate},
+        replicate=t.replicate,
+        original_key=original.key,
+        bootstrap_kind=b.kind,
+        replicate_seed=seed,
+    )
 
 
 def _hash(**fields) -> str:

@@ -4,9 +4,10 @@ A batch file names one model or a list, datasets (a list, a glob, or both),
 optionally `split = "patch"` (one fit per patch of each dataset), fit
 configurations, seeds and, in a `[forecast]` table, a forecast after each fit
 for each of a list of scenario files. Every combination is one task: a
-calibrate, then the forecasts. Paths are relative to the batch file's folder
-or absolute. Every bad field fails with a `BatchError` naming the file and the
-field.
+calibrate, then the forecasts. A `bootstrap` table adds, per task, `replicates`
+refits of data simulated from its fit (tasks of their own, run once their
+original is done). Paths are relative to the batch file's folder or absolute.
+Every bad field fails with a `BatchError` naming the file and the field.
 """
 
 from __future__ import annotations
@@ -24,7 +25,14 @@ from typing import Any
 from epifit._errors import LocatedError
 from epifit._toml import Reader, at
 
-__all__ = ["BatchError", "BatchSpec", "Task", "load_batch", "parse_batch"]
+__all__ = [
+    "BatchError",
+    "BatchSpec",
+    "Bootstrap",
+    "Task",
+    "load_batch",
+    "parse_batch",
+]
 
 SPLITS = ("patch",)
 # the calibrate keywords a `[calibrate]` table may set (the fit file's fields
@@ -45,6 +53,8 @@ CALIBRATE_KEYS = (
 )
 UNCERTAINTY = ("auto", "gauss_newton", "hessian", "none")
 FORECAST_KEYS = ("days", "samples", "scenarios", "observation_noise")
+BOOTSTRAP_KEYS = ("replicates", "kind", "seed", "level")
+BOOTSTRAP_KINDS = ("parametric", "residual")
 TOP_KEYS = (
     "description",
     "model",
@@ -54,6 +64,7 @@ TOP_KEYS = (
     "seeds",
     "calibrate",
     "forecast",
+    "bootstrap",
 )
 
 
@@ -66,14 +77,31 @@ class _Reader(Reader):
 
 
 @dataclasses.dataclass(frozen=True)
+class Bootstrap:
+    """The `bootstrap` table: `replicates` refits per task of data drawn from
+    its fit (`kind`: `parametric`, each observation's noise family at the
+    fitted values; `residual`, the fit's residuals resampled), seeded from
+    `seed`, summarised by percentile intervals at `level`."""
+
+    replicates: int
+    kind: str = "parametric"
+    seed: int = 0
+    level: float = 0.95
+
+
+@dataclasses.dataclass(frozen=True)
 class Task:
     """One task of a batch: a calibrate of `model` on `data` (one `patch` of
     it when split), with fit configuration `fit` and `seed`, then a forecast
     per scenario file of `forecast` (none without a `[forecast]` table).
 
+    A bootstrap replicate (`replicate >= 0`) refits data simulated from the
+    fit of task `original` (an index into `BatchSpec.tasks`; an original task
+    is its own, with `replicate = -1`) and makes no forecast.
+
     `key` names the task's files (`tasks/KEY.nc`); it is a hash of the task's
-    coordinates, so adding a seed to a batch leaves the other tasks' files
-    where they are."""
+    coordinates (and the replicate's number), so adding a seed or replicates
+    to a batch leaves the other tasks' files where they are."""
 
     index: int
     model: str
@@ -84,10 +112,14 @@ class Task:
     seed: int
     calibrate: Mapping[str, Any]
     forecast: Mapping[str, Any] | None
+    replicate: int = -1
+    original: int = -1
 
     @property
     def key(self) -> str:
         coords = [self.model, self.data, self.patch, self.fit, self.seed]
+        if self.replicate >= 0:
+            coords.append(self.replicate)
         digest = hashlib.sha256(json.dumps(coords).encode()).hexdigest()
         return f"task-{digest[:12]}"
 
@@ -100,6 +132,7 @@ class Task:
             patch=self.patch,
             fit=_relative(self.fit, root) if self.fit else "",
             seed=self.seed,
+            replicate=self.replicate,
         )
 
 
@@ -112,6 +145,10 @@ class BatchSpec:
     text: str
     description: str
     tasks: tuple[Task, ...]
+    bootstrap: Bootstrap | None = None
+    # the batch's scenarios: (name, scenario file) in order, the baseline first
+    # (its file: the first one's forecast holds it); () without [forecast]
+    scenarios: tuple[tuple[str, str], ...] = ()
 
 
 def load_batch(path: str | os.PathLike) -> BatchSpec:
@@ -148,18 +185,76 @@ def parse_batch(
     split = r.choice(t["split"], "split", SPLITS) if "split" in t else None
     calibrate = _calibrate(r, t.get("calibrate", {}))
     forecast = _forecast(r, root, t["forecast"]) if "forecast" in t else None
+    bootstrap = _bootstrap(r, t["bootstrap"]) if "bootstrap" in t else None
     _check_inputs(r, models, fits)
+    scenarios = () if forecast is None else _scenario_names(r, forecast["scenarios"])
     units = [(d, "", -1) for d in datasets] if split is None else _patches(r, datasets)
-    tasks = tuple(
-        Task(i, m, d, patch, k, f, s, calibrate, forecast)
+    originals = [
+        Task(i, m, d, patch, k, f, s, calibrate, forecast, original=i)
         for i, (m, (d, patch, k), f, s) in enumerate(
             itertools.product(models, units, fits, seeds)
         )
-    )
+    ]
+    replicates = [] if bootstrap is None else _replicates(originals, bootstrap)
+    tasks = tuple(originals + replicates)
     keys = [task.key for task in tasks]
     if len(set(keys)) != len(keys):
         raise r.fail(None, "two tasks are the same; list each file and seed once")
-    return BatchSpec(file, root, text, str(t.get("description", "")), tasks)
+    description = str(t.get("description", ""))
+    return BatchSpec(file, root, text, description, tasks, bootstrap, scenarios)
+
+
+def _replicates(originals: list[Task], bootstrap: Bootstrap) -> list[Task]:
+    """`bootstrap.replicates` replicate tasks per original, in order."""
+    n = len(originals)
+    return [
+        dataclasses.replace(
+            task,
+            index=n + i * bootstrap.replicates + j,
+            forecast=None,
+            replicate=j,
+            original=task.index,
+        )
+        for i, task in enumerate(originals)
+        for j in range(bootstrap.replicates)
+    ]
+
+
+def _bootstrap(r: _Reader, value: Any) -> Bootstrap:
+    t = r.table(value, "bootstrap", required=("replicates",), optional=BOOTSTRAP_KEYS)
+    level = 0.95
+    if "level" in t:
+        level = r.number(t["level"], "bootstrap.level")
+        if not 0.0 < level < 1.0:
+            raise r.fail("bootstrap.level", f"must be in (0, 1), got {level!r}")
+    return Bootstrap(
+        replicates=r.integer(t["replicates"], "bootstrap.replicates", 1),
+        kind=r.choice(t.get("kind", "parametric"), "bootstrap.kind", BOOTSTRAP_KINDS),
+        seed=r.integer(t.get("seed", 0), "bootstrap.seed", 0),
+        level=level,
+    )
+
+
+def _scenario_names(r: _Reader, files: list[str]) -> tuple[tuple[str, str], ...]:
+    """The batch's scenario axis: the baseline, then each file's scenarios
+    (a name in two files is refused: its forecasts could not be told apart)."""
+    from epifit.forecasting import BASELINE, ScenarioError, load_scenarios
+
+    out = {BASELINE: files[0] if files else ""}
+    for i, f in enumerate(files):
+        try:
+            names = load_scenarios(f).names
+        except ScenarioError as e:
+            raise r.fail(at("forecast.scenarios", i), str(e)) from None
+        for name in names:
+            if name != BASELINE and name in out:
+                raise r.fail(
+                    at("forecast.scenarios", i),
+                    f"scenario {name!r} of {f} is also in {out[name]}; give each "
+                    "scenario one name across the scenario files",
+                )
+            out.setdefault(name, f)
+    return tuple(out.items())
 
 
 def _paths(r: _Reader, value: Any, location: str) -> list[tuple[str, str]]:

@@ -9,7 +9,8 @@ leaves no file, and atomic writes mean a task file on disk is complete.
 Files per task, in `RESULTS/tasks/`: `KEY.fit.nc` (the task's `FIT.nc`),
 `KEY.forecast-J.nc` (one per scenario file, or `KEY.forecast.nc` for the
 baseline), then `KEY.nc`, the summary `batch.nc` is merged from, written
-last, so its presence means the task is done.
+last, so its presence means the task is done. A bootstrap replicate writes
+the data it drew, `KEY.data.nc`, before its `KEY.fit.nc` (and no forecast).
 """
 
 from __future__ import annotations
@@ -49,6 +50,12 @@ class TaskInput:
     coordinates: Mapping[str, Any]
     x64: bool
     cache_dir: str | None  # None: the worker's default (EPIFIT_NO_CACHE: none)
+    # a bootstrap replicate (replicate >= 0): the original task's key, the
+    # kind of draw and the seed of the draws (`replicate_seed`)
+    replicate: int = -1
+    original_key: str = ""
+    bootstrap_kind: str = ""
+    replicate_seed: int = -1
 
 
 def task_error(e: BaseException) -> str:
@@ -85,32 +92,75 @@ def _dataset(task: TaskInput):
     return ds
 
 
-def _fit(task: TaskInput):
+def _replicate_data(task: TaskInput, out: Path, record: dict):
+    """A replicate's data, drawn from its original's fit (written to
+    `KEY.data.nc`, named in `record`), and that fit, the refit's start."""
+    from epifit.batch._bootstrap import bootstrap_data
+    from epifit.data import write_dataset
+    from epifit.fitting import FitResult
+
+    path = out / f"{task.original_key}.fit.nc"
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"the original task {task.original_key} has no fit file {path.name}"
+        )
+    data = _dataset(task)
+    original = FitResult.from_netcdf(path, data=data)
+    drawn = bootstrap_data(
+        original, data, kind=task.bootstrap_kind, seed=task.replicate_seed
+    )
+    write_dataset(drawn, out / f"{task.key}.data.nc")
+    record["data_file"] = f"{task.key}.data.nc"
+    return drawn, original
+
+
+def _fit(task: TaskInput, out: Path, record: dict):
     from epifit.fitting import calibrate
 
+    if task.replicate >= 0:
+        data, init = _replicate_data(task, out, record)
+    else:
+        data, init = _dataset(task), None
     with warnings.catch_warnings():
         # a fit stopped by non-finite losses says so in its message
         warnings.filterwarnings("ignore", message="stopped: ", category=RuntimeWarning)
         return calibrate(
             task.model,
-            _dataset(task),
+            data,
             fit=task.fit or None,
+            init=init,
             seed=task.seed,
             progress=False,
             **task.calibrate,
         )
 
 
-def _forecasts(task: TaskInput, result, out: Path) -> list[str]:
-    """The forecasts of a fitted task, one file per scenario file."""
+def _median_cumulative(ds, spec) -> dict[str, float]:
+    """Per scenario of a forecast, the median of the cumulative total (over
+    the forecast days and the patches) of the model's first observation;
+    NaN without a median among the forecast's quantiles."""
+    name = f"cumulative_{spec.observations[0].name}_total"
+    quantiles = [float(q) for q in ds["quantile"].values]
+    out = {}
+    for s in ds["scenario"].values:
+        if name in ds and 0.5 in quantiles:
+            out[str(s)] = float(ds[name].sel(scenario=s, quantile=0.5).values)
+        else:
+            out[str(s)] = float("nan")
+    return out
+
+
+def _forecasts(task: TaskInput, result, out: Path) -> tuple[list[str], dict]:
+    """The forecasts of a fitted task, one file per scenario file, and the
+    median cumulative of each of their scenarios (see `_median_cumulative`)."""
     if task.forecast is None:
-        return []
+        return [], {}
     from epifit.data import write_dataset
     from epifit.forecasting import forecast
 
     f = task.forecast
     scenario_files = list(f["scenarios"]) or [None]
-    names = []
+    names, cumulative = [], {}
     for j, scenarios in enumerate(scenario_files):
         ds = forecast(
             result,
@@ -127,7 +177,9 @@ def _forecasts(task: TaskInput, result, out: Path) -> list[str]:
         )
         write_dataset(ds, out / name)
         names.append(name)
-    return names
+        for s, v in _median_cumulative(ds, result.problem.spec).items():
+            cumulative.setdefault(s, v)  # the baseline: the first file's
+    return names, cumulative
 
 
 def run_task(task: TaskInput) -> dict[str, Any]:
@@ -138,16 +190,23 @@ def run_task(task: TaskInput) -> dict[str, Any]:
     t0, cpu0 = time.perf_counter(), time.process_time()
     _configure(task)
     out = Path(task.out_dir)
-    record: dict[str, Any] = {"status": "ok", "error": "", "fit_file": ""}
+    record: dict[str, Any] = {
+        "status": "ok",
+        "error": "",
+        "fit_file": "",
+        "data_file": "",
+    }
     result = None
     try:
-        result = _fit(task)
+        result = _fit(task, out, record)
         fit_s = time.perf_counter() - t0
         from epifit.data import write_dataset
 
         write_dataset(result.to_dataset(), out / f"{task.key}.fit.nc")
         record["fit_file"] = f"{task.key}.fit.nc"
-        record["forecast_files"] = _forecasts(task, result, out)
+        record["forecast_files"], record["forecast_cumulative"] = _forecasts(
+            task, result, out
+        )
     except Exception as e:  # recorded in the task's file, the batch goes on
         record.update(status="failed", error=task_error(e))
         result = None
@@ -184,6 +243,7 @@ def _write_summary(task: TaskInput, result, record: dict, path: Path) -> None:
         fingerprint=task.fingerprint,
         coordinates=json.dumps(dict(task.coordinates)),
         forecast_files=json.dumps(record.pop("forecast_files", [])),
+        forecast_cumulative=json.dumps(record.pop("forecast_cumulative", {})),
         **record,
     )
     if result is not None:

@@ -50,7 +50,7 @@ def _run(a) -> int:
         return 1 if result.n_failed else 0
     skipped = f", {len(result.skipped)} kept from before" if result.skipped else ""
     print(
-        f"{len(result.ran) + len(result.skipped)} tasks: {result.n_ok} ok, "
+        f"{result.n_ok + result.n_failed} tasks: {result.n_ok} ok, "
         f"{result.n_failed} failed ({len(result.ran)} run now{skipped}); "
         f"wrote {result.path}"
     )
