@@ -75,7 +75,9 @@ def sample(
 
     Returns:
         A [`Posterior`][epifit.sampling.Posterior] (its `.data` an
-        `arviz.InferenceData`).
+        `arviz.InferenceData`; its `.fit` the MAP fit the chains started
+        from, which the InferenceData's `fit` group holds as `FIT.nc` does,
+        so that the posterior file alone can be forecast).
     """
     wall = time.perf_counter()
     settings = NutsSettings(
