@@ -93,8 +93,8 @@ def _resolve_fit(fit, params, covariance, data, prov: dict[str, Any]):
         prov["covariance"] = "given" if covariance is not None else "none"
         return fit, params, covariance, {}, prov, None
     raise TypeError(
-        "fit must be a FitResult, a FIT.nc path or a Problem (with params=); got "
-        f"{type(fit).__name__}."
+        "fit must be a FitResult, a FIT.nc path, a Problem (with params=) or a "
+        f"posterior (POSTERIOR.nc, Posterior); got {type(fit).__name__}."
     )
 
 
