@@ -9,6 +9,7 @@ import xarray as xr
 from scipy import stats
 
 import epifit
+from epifit.fitting import FitResult
 from epifit.model import loads_model
 from epifit.sampling import SamplerCheckpointError
 
@@ -362,3 +363,142 @@ def test_forecast_draws_from_the_posterior(decay, tmp_path):
     with pytest.raises(ValueError, match="not the fit's.*'C0' vs 'B0'"):
         epifit.forecast(fit, days=5, samples=5, posterior=type(post)(
             type(post.data)(posterior=other)))  # fmt: skip
+
+
+def _without_fit(idata, path):
+    """A posterior file as written before posteriors embedded their fit."""
+    old = type(idata)(**{g: getattr(idata, g) for g in idata.groups() if g != "fit"})
+    old.to_netcdf(str(path))
+    return path
+
+
+def test_a_posterior_alone_forecasts_with_its_fit(decay, tmp_path, capsys):
+    """`forecast(POSTERIOR)`: the draws with the fit the file embeds, the same
+    forecast as `forecast(fit, posterior=POSTERIOR)`; a posterior without its
+    fit, or a posterior with `posterior=`, is a one-line error."""
+    from epifit.cli import main
+
+    fit, _, _ = decay
+    post = epifit.sample(init=fit, chains=2, warmup=40, draws=30, progress=False)
+    path = post.to_netcdf(tmp_path / "POSTERIOR.nc")
+    kw = dict(days=5, samples=60, seed=4)
+    ref = epifit.forecast(fit, posterior=path, **kw)
+    # in memory: the fit sample ran from
+    alone = epifit.forecast(post, **kw)
+    assert alone.attrs["draws_from"] == "posterior"
+    assert alone.attrs["fit_group"] == "fit"
+    assert set(alone.data_vars) == set(ref.data_vars)
+    for v in ref.data_vars:
+        np.testing.assert_array_equal(alone[v].values, ref[v].values, err_msg=v)
+    # the file's `fit` group is that fit (a model built in Python stores no
+    # model text, and its data were in memory: both are given here)
+    back = FitResult.from_netcdf(
+        path, group="fit", model=fit.problem.spec, data=fit.problem.dataset
+    )
+    assert back.labels == fit.labels and back.loss == fit.loss
+    np.testing.assert_array_equal(back.x, fit.x)
+    np.testing.assert_array_equal(back.covariance, fit.covariance)
+    assert epifit.Posterior.from_netcdf(path).data.fit.attrs["epifit_kind"] == "fit"
+    # a file written before: readable, no fit, and a one-line error to forecast
+    old = _without_fit(post.data, tmp_path / "OLD.nc")
+    assert epifit.Posterior.from_netcdf(old).fit is None
+    with pytest.raises(ValueError, match="OLD.nc holds no fit.*--posterior"):
+        epifit.forecast(old, **kw)
+    out = str(tmp_path / "fc.nc")
+    for argv in (
+        ["forecast", str(old), "--days", "5", "--out", out],
+        ["forecast", str(path), "--posterior", str(path), "--days", "5", "--out", out],
+    ):
+        assert main(argv) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 2, errors
+    assert "holds no fit" in errors[0] and "--posterior" in errors[0]
+    assert "is a posterior" in errors[1] and "drop it" in errors[1]
+    assert not (tmp_path / "fc.nc").exists()
+
+
+@pytest.fixture(scope="module")
+def school_run(tmp_path_factory):
+    """The boarding-school SIR (Poisson, log-normal priors) fitted in a folder
+    of its own with the data beside it (a relative path), `FIT.nc`, and a tiny
+    posterior, `POSTERIOR.nc`: 2 chains x (50 warm-up + 50 draws)."""
+    import os
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    run = tmp_path_factory.mktemp("school")
+    text = (repo / "models" / "sir.toml").read_text()
+    (run / "sir.toml").write_text(
+        text.replace('family = "least_squares"', 'family = "poisson"')
+    )
+    shutil.copy(repo / "data" / "boarding_school_1978.nc", run / "school.nc")
+    fit_config = {
+        "parameters": {
+            p: {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
+            for p, (m, s) in BOARDING_PRIORS.items()
+        }
+    }
+    here = os.getcwd()
+    os.chdir(run)
+    try:
+        fit = epifit.calibrate("sir.toml", "school.nc", fit=fit_config, progress=False)
+        fit.to_netcdf("FIT.nc")
+        post = epifit.sample(init=fit, chains=2, warmup=50, draws=50, seed=1,
+                             progress=False)  # fmt: skip
+        post.to_netcdf("POSTERIOR.nc")
+    finally:
+        os.chdir(here)
+    return run
+
+
+@pytest.mark.slow
+def test_cli_forecasts_a_posterior_file_alone(school_run, tmp_path, monkeypatch):
+    """`epifit forecast POSTERIOR.nc` equals `epifit forecast FIT.nc --posterior
+    POSTERIOR.nc` bit for bit; moved with its data to another folder, the
+    posterior finds them again by their path relative to it; ArviZ reads the
+    file with its `fit` group without a warning about it."""
+    import shutil
+    import warnings
+    from pathlib import Path
+
+    from epifit.cli import main
+
+    run = school_run
+    monkeypatch.setenv("EPIFIT_NO_CACHE", "1")
+    monkeypatch.chdir(tmp_path)
+    post = run / "POSTERIOR.nc"
+    args = ["--days", "7", "--samples", "60", "--seed", "3"]
+    assert main(["forecast", str(run / "FIT.nc"), "--posterior", str(post), *args,
+                 "--out", "a.nc"]) == 0  # fmt: skip
+    assert main(["forecast", str(post), *args, "--out", "b.nc"]) == 0
+    a, b = xr.load_dataset("a.nc"), xr.load_dataset("b.nc")
+    assert b.attrs["draws_from"] == "posterior" and b.attrs["posterior_draws"] == 100
+    assert b.attrs["posterior_file"] == str(post)
+    assert set(a.data_vars) == set(b.data_vars)
+    for v in a.data_vars:
+        np.testing.assert_array_equal(a[v].values, b[v].values, err_msg=v)
+    # moved with its data: the absolute path is gone, the relative one is found
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    for name in ("POSTERIOR.nc", "school.nc"):
+        shutil.copy(run / name, moved / name)
+    (tmp_path / "away").mkdir()
+    monkeypatch.chdir(tmp_path / "away")
+    (run / "school.nc").rename(run / "school.nc.gone")
+    try:
+        fc = epifit.forecast(moved / "POSTERIOR.nc", days=7, samples=60, seed=3)
+    finally:
+        (run / "school.nc.gone").rename(run / "school.nc")
+    assert Path(fc.attrs["data_file"]).resolve() == (moved / "school.nc").resolve()
+    for v in a.data_vars:
+        np.testing.assert_array_equal(fc[v].values, a[v].values, err_msg=v)
+    # ArviZ: the `fit` group is read along, unwarned; summary and LOO work
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        idata = az.from_netcdf(post)
+        table = az.summary(idata, var_names=list(BOARDING_PRIORS))
+        loo = az.loo(idata, var_name="in_bed")
+    assert "fit" in idata.groups() and idata.fit.attrs["epifit_kind"] == "fit"
+    assert not [w for w in caught if "group" in str(w.message)], caught
+    assert np.isfinite(table["mean"]).all() and np.isfinite(loo.elpd_loo)

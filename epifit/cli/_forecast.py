@@ -1,4 +1,5 @@
-"""`epifit forecast FIT.nc --scenarios SCENARIOS.toml --days N --out FORECAST.nc`."""
+"""`epifit forecast FIT.nc|POSTERIOR.nc --scenarios SCENARIOS.toml --days N
+--out FORECAST.nc`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,11 @@ from epifit.cli._plot import fit_inputs
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("fit", help="a fit file (epifit calibrate), FIT.nc")
+    p.add_argument(
+        "fit",
+        help="a fit file (epifit calibrate), FIT.nc, or a posterior file (epifit "
+        "sample), POSTERIOR.nc: its draws with the fit it embeds",
+    )
     p.add_argument(
         "--scenarios",
         help="scenario file (TOML); default: the baseline only",
@@ -26,8 +31,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--samples",
         type=_flags.integer(0),
         default=100,
-        help="parameter draws from the fit's Laplace approximation (default 100; "
-        "0: the point estimate only)",
+        help="parameter draws from the fit's Laplace approximation, or from the "
+        "posterior (default 100; 0: the point estimate only)",
     )
     p.add_argument(
         "--seed", type=_flags.seed, default=0, help="seed of the draws (default 0)"
@@ -43,7 +48,8 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--data",
-        help="the fit's dataset, when the data file named in FIT.nc moved",
+        help="the fit's dataset, when the data file named in FIT.nc (or "
+        "POSTERIOR.nc) moved",
     )
     p.add_argument(
         "--chunk-size",
@@ -61,7 +67,7 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         "--posterior",
         help="draw the parameters from this posterior (epifit sample's "
         "POSTERIOR.nc, over the fit's free parameters) instead of the Laplace "
-        "approximation",
+        "approximation; not with a POSTERIOR.nc in place of FIT.nc",
     )
     p.add_argument("--json", action="store_true", help="print a JSON summary")
 

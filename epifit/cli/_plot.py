@@ -56,16 +56,19 @@ def _run(a) -> int:
 
 
 def fit_inputs(path: Path) -> dict[str, str]:
-    """What a command reading a fit, forecast or simulation file reads: the
-    file and the data file its attributes name (`data_file`, relative to
-    where it was written, and `data_file_absolute` where stored)."""
+    """What a command reading a fit, forecast, simulation or posterior file
+    reads: the file and the data file its attributes name (`data_file`,
+    relative to where it was written, and `data_file_absolute` where stored;
+    a posterior's in its `fit` group)."""
     import netCDF4
 
     inputs = {"the input file": str(path)}
     try:
         with netCDF4.Dataset(path) as nc:
+            # a posterior file (epifit sample) names its data in its fit group
+            attrs = nc.groups["fit"] if "fit" in nc.groups else nc
             for key in ("data_file", "data_file_absolute"):
-                name = getattr(nc, key, "")
+                name = getattr(attrs, key, "")
                 if isinstance(name, str) and name and os.path.exists(name):
                     inputs[f"the data file it names ({key})"] = name
     except (OSError, ValueError, RuntimeError):

@@ -16,8 +16,10 @@ from epifit.data._validate import PERIOD
 _ENGINE = "netcdf4"
 
 
-def open_dataset(path: str | os.PathLike[str]) -> xr.Dataset:
-    """Read a netCDF file into memory.
+def open_dataset(
+    path: str | os.PathLike[str], *, group: str | None = None
+) -> xr.Dataset:
+    """Read a netCDF file (or one group of it) into memory.
 
     The file is read completely and closed again, so it can be replaced (for
     instance by [`write_dataset`][epifit.data.write_dataset]) while the returned
@@ -30,13 +32,15 @@ def open_dataset(path: str | os.PathLike[str]) -> xr.Dataset:
 
     Args:
         path: the netCDF file.
+        group: a netCDF group of the file (default: its root), such as the
+            `fit` group of a `POSTERIOR.nc` written by `epifit sample`.
 
     Returns:
         The dataset, loaded into memory.
 
     Raises:
         DataError: if the file is missing or is not a readable netCDF file; the
-            message names the path.
+            message names the path (and the group).
     """
     path = Path(path)
     if not path.exists():
@@ -44,10 +48,11 @@ def open_dataset(path: str | os.PathLike[str]) -> xr.Dataset:
     if path.is_dir():
         raise DataError(f"Data file '{path}' is a directory, not a netCDF file.")
     try:
-        with xr.open_dataset(path, engine=_ENGINE) as ds:
+        with xr.open_dataset(path, engine=_ENGINE, group=group) as ds:
             ds = ds.load()
     except (OSError, ValueError, TypeError, KeyError, RuntimeError) as e:
-        raise DataError(f"Cannot read '{path}' as netCDF: {e}") from e
+        where = f"'{path}'" if group is None else f"group '{group}' of '{path}'"
+        raise DataError(f"Cannot read {where} as netCDF: {e}") from e
     # The on-disk encoding (chunk sizes, fill values, time units) describes the
     # file, not the data; kept, it breaks writing a subset or a modified copy.
     return _periods_to_int(_strings_to_str(ds.drop_encoding()))

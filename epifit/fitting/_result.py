@@ -14,7 +14,7 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import write_dataset
-from epifit.fitting._result_io import TABLE_VARS, fit_dataset, read_fit
+from epifit.fitting._result_io import TABLE_VARS, fit_dataset, fit_fields, read_fit
 from epifit.simulation import Problem
 
 __all__ = ["FitResult", "library_versions"]
@@ -227,6 +227,7 @@ class FitResult:
         *,
         model=None,
         data: xr.Dataset | str | os.PathLike | None = None,
+        group: str | None = None,
     ) -> FitResult:
         """Read a `FIT.nc` back.
 
@@ -234,10 +235,28 @@ class FitResult:
         as `model=`), with the fit configuration's parameter overrides, and the
         fitted `params` pytree from the stored coefficients. The problem is
         bound to `data` when given, else to the original data file when it
-        still exists with the same SHA-256; otherwise `problem` is None (the
-        stored trajectories and observations are still available).
+        still exists with the same SHA-256 (its absolute path, then its path
+        as stored relative to this file's folder, then to the working
+        directory); otherwise `problem` is None (the stored trajectories and
+        observations are still available). `group` reads the fit from a
+        netCDF group of another file: `group="fit"` the fit a `POSTERIOR.nc`
+        of [`sample`][epifit.sample] embeds.
         """
-        return cls(**read_fit(path, model=model, data=data))
+        return cls(**read_fit(path, model=model, data=data, group=group))
+
+    @classmethod
+    def from_dataset(
+        cls,
+        ds: xr.Dataset,
+        *,
+        model=None,
+        data: xr.Dataset | str | os.PathLike | None = None,
+    ) -> FitResult:
+        """The `FitResult` of a `FIT.nc` dataset in memory (the inverse of
+        `to_dataset`; the `fit` group of a posterior's `InferenceData`), read
+        as `from_netcdf` reads a file; a data file the dataset names by a
+        relative path is looked for in the working directory."""
+        return cls(**fit_fields(ds, "the fit dataset", model=model, data=data))
 
 
 def _plain(v: Any) -> Any:

@@ -29,7 +29,7 @@ from epifit.fitting._priors import check_prior_records
 from epifit.model import as_model, compile_model, loads_model
 from epifit.simulation import Problem
 
-__all__ = ["KIND", "TABLE_VARS", "fit_dataset", "read_fit"]
+__all__ = ["KIND", "TABLE_VARS", "fit_dataset", "fit_fields", "read_fit"]
 
 KIND = "fit"
 TABLE_VARS = ("estimate", "se", "lower", "upper")
@@ -203,26 +203,46 @@ def read_fit(
     *,
     model=None,
     data: xr.Dataset | str | os.PathLike | None = None,
+    group: str | None = None,
 ) -> dict[str, Any]:
-    """The fields of the `FitResult` stored in a `FIT.nc` (see
+    """The fields of the `FitResult` stored in a `FIT.nc`, or in the netCDF
+    group `group` of another file (the `fit` group of a `POSTERIOR.nc`; see
     `FitResult.from_netcdf`)."""
-    ds = open_dataset(path)
+    ds = open_dataset(path, group=group)
+    where = f"'{path}'" if group is None else f"'{path}' (group '{group}')"
+    folder = Path(path).resolve().parent
+    return fit_fields(ds, where, model=model, data=data, folder=folder, name=str(path))
+
+
+def fit_fields(
+    ds: xr.Dataset,
+    where: str,
+    *,
+    model=None,
+    data: xr.Dataset | str | os.PathLike | None = None,
+    folder: Path | None = None,
+    name: str = "",
+) -> dict[str, Any]:
+    """The fields of the `FitResult` a `FIT.nc` dataset holds (see
+    `FitResult.from_dataset`); `where` names it in messages, `folder` is where
+    a data file named by a relative path is looked for first (before the
+    working directory), `name` the model's source for its parse errors."""
     kind = ds.attrs.get("epifit_kind")
     if kind != KIND:
         raise DataError(
-            f"'{path}' is not an epifit fit file (epifit_kind = {kind!r}); "
+            f"{where} is not an epifit fit file (epifit_kind = {kind!r}); "
             "write one with `epifit calibrate` or FitResult.to_netcdf."
         )
-    _check_stored(ds, path)
-    fit_config = _json_attr(ds, path, "fit_config")
-    spec = _stored_spec(ds, path, model)
+    _check_stored(ds, where)
+    fit_config = _json_attr(ds, where, "fit_config")
+    spec = _stored_spec(ds, where, model, name)
     n_patches = int(ds.sizes[PATCH])
     spec = override_spec(spec, parse_fit_config(fit_config), n_patches)
     # time-varying parameters span the fitted days (the trajectories' days);
     # per-stratum parameters reach the cells of the fitted patches
     compiled = compile_model(spec).bind_patches(n_patches)
     compiled = compiled.bind_days(int(ds.sizes.get(TIME, 1)))
-    params, coefficients = _stored_params(ds, path, compiled, n_patches)
+    params, coefficients = _stored_params(ds, where, compiled, n_patches)
     values = compiled.constrain(params)
     neural = {n.name for n in spec.neural}
     values = {k: np.asarray(v) for k, v in values.items() if k not in neural}
@@ -231,9 +251,9 @@ def read_fit(
         values=values,
         table=_stored_table(ds),
         coefficients=coefficients,
-        problem=_stored_problem(ds, compiled, data, path),
+        problem=_stored_problem(ds, compiled, data, folder),
         fit_config=fit_config,
-        **_stored_fields(ds, path),
+        **_stored_fields(ds, where),
     )
 
 
@@ -257,57 +277,56 @@ REQUIRED_VARS = (
 REQUIRED_ATTRS = ("loss", "iterations", "converged")
 
 
-def _damaged(path, why: str) -> DataError:
+def _damaged(where, why: str) -> DataError:
     return DataError(
-        f"'{path}' is not a complete epifit fit file: {why}; write it again with "
+        f"{where} is not a complete epifit fit file: {why}; write it again with "
         "`epifit calibrate`."
     )
 
 
-def _check_stored(ds: xr.Dataset, path) -> None:
+def _check_stored(ds: xr.Dataset, where) -> None:
     """Every variable and attribute a fit file holds, of consistent shapes and
     counts, and the stored model text the one its `model_sha256` names."""
     missing = [v for v in REQUIRED_VARS if v not in ds.variables]
     if missing:
-        raise _damaged(path, f"no variable {', '.join(map(repr, missing))}")
+        raise _damaged(where, f"no variable {', '.join(map(repr, missing))}")
     missing = [a for a in REQUIRED_ATTRS if a not in ds.attrs]
     if missing:
-        raise _damaged(path, f"no attribute {', '.join(map(repr, missing))}")
+        raise _damaged(where, f"no attribute {', '.join(map(repr, missing))}")
     if PATCH not in ds.sizes:
-        raise _damaged(path, "no 'patch' dimension")
+        raise _damaged(where, "no 'patch' dimension")
     try:
         float(ds.attrs["loss"])
         iterations = int(ds.attrs["iterations"])
         int(ds.attrs["converged"])
         int(ds.attrs.get("best_start", 0))
     except (TypeError, ValueError) as e:
-        raise _damaged(path, f"an attribute is not a number ({e})") from None
-    _check_information(ds, path)
+        raise _damaged(where, f"an attribute is not a number ({e})") from None
+    _check_information(ds, where)
     if iterations < 0 or iterations != ds.attrs["iterations"]:
-        raise _damaged(path, f"'iterations' = {ds.attrs['iterations']}")
+        raise _damaged(where, f"'iterations' = {ds.attrs['iterations']}")
     if iterations < ds["loss_history"].size:
         raise _damaged(
-            path,
+            where,
             f"{ds['loss_history'].size} iterations of history for 'iterations' = "
             f"{iterations}",
         )
     if not 0 <= int(ds.attrs.get("best_start", 0)) < max(ds["start_loss"].size, 1):
-        raise _damaged(path, f"'best_start' = {ds.attrs.get('best_start')}")
+        raise _damaged(where, f"'best_start' = {ds.attrs.get('best_start')}")
     n = ds["x"].size
     if ds["covariance"].shape != (n, n):
-        raise _damaged(
-            path, f"'covariance' has shape {ds['covariance'].shape} for {n} free values"
-        )
+        shape = ds["covariance"].shape
+        raise _damaged(where, f"'covariance' has shape {shape} for {n} free values")
     if ds["coefficient_free"].shape != ds["coefficients"].shape:
-        raise _damaged(path, "'coefficient_free' and 'coefficients' differ in length")
+        raise _damaged(where, "'coefficient_free' and 'coefficients' differ in length")
     if int(np.asarray(ds["coefficient_free"].values, bool).sum()) != n:
         raise _damaged(
-            path, f"'coefficient_free' marks a number of free values other than {n}"
+            where, f"'coefficient_free' marks a number of free values other than {n}"
         )
-    _check_model_text(ds, path)
+    _check_model_text(ds, where)
 
 
-def _check_information(ds: xr.Dataset, path) -> None:
+def _check_information(ds: xr.Dataset, where) -> None:
     """The log-likelihood, AIC, BIC and counts, where the file has them: numbers
     (counts whole and >= 0)."""
     a = ds.attrs
@@ -318,13 +337,13 @@ def _check_information(ds: xr.Dataset, path) -> None:
             value = float(a[k])
         except (TypeError, ValueError):
             raise _damaged(
-                path, f"attribute '{k}' is not a number ({a[k]!r})"
+                where, f"attribute '{k}' is not a number ({a[k]!r})"
             ) from None
         if k in INFORMATION_COUNTS and not (value >= 0 and value == int(value)):
-            raise _damaged(path, f"'{k}' = {a[k]} is not a count")
+            raise _damaged(where, f"'{k}' = {a[k]} is not a count")
 
 
-def _check_model_text(ds: xr.Dataset, path) -> None:
+def _check_model_text(ds: xr.Dataset, where) -> None:
     """Refuse model text that is not the text whose SHA-256 the file stores
     (it was edited after the fit: the fitted coefficients belong to the
     original model)."""
@@ -338,35 +357,35 @@ def _check_model_text(ds: xr.Dataset, path) -> None:
     }
     if sha not in ok:
         raise DataError(
-            f"'{path}': the stored model text does not match its model_sha256 "
+            f"{where}: the stored model text does not match its model_sha256 "
             f"({sha[:12]}...): it was changed after the fit, and the fitted "
             "coefficients belong to the original model. Fit the changed model "
             "again (epifit calibrate), or pass the model explicitly (model=...)."
         )
 
 
-def _json_attr(ds: xr.Dataset, path, name: str) -> Any:
+def _json_attr(ds: xr.Dataset, where, name: str) -> Any:
     """A JSON attribute (`{}` when absent)."""
     try:
         return json.loads(ds.attrs.get(name, "{}"))
     except (TypeError, ValueError) as e:
-        raise _damaged(path, f"attribute '{name}' is not JSON ({e})") from None
+        raise _damaged(where, f"attribute '{name}' is not JSON ({e})") from None
 
 
-def _stored_spec(ds: xr.Dataset, path, model):
+def _stored_spec(ds: xr.Dataset, where, model, name: str):
     """The model spec: the model given, else the model text in the file."""
     if model is not None:
         return as_model(model).spec
     text = ds.attrs.get("model_text", "")
     if not text:
         raise DataError(
-            f"'{path}' stores no model text (the model was built in Python);"
+            f"{where} stores no model text (the model was built in Python);"
             " pass model= to from_netcdf."
         )
-    return loads_model(text, path=ds.attrs.get("model_file") or str(path))
+    return loads_model(text, path=ds.attrs.get("model_file") or name or "<fit>")
 
 
-def _stored_params(ds: xr.Dataset, path, compiled, n_patches: int):
+def _stored_params(ds: xr.Dataset, where, compiled, n_patches: int):
     """The fitted parameter pytree from the stored coefficients."""
     template = compiled.init_params(n_patches)
     arrays, static = eqx.partition(template, eqx.is_inexact_array)
@@ -374,20 +393,19 @@ def _stored_params(ds: xr.Dataset, path, compiled, n_patches: int):
     coefficients = np.asarray(ds["coefficients"].values, np.float64)
     if coefficients.size != flat.size:
         raise DataError(
-            f"'{path}' holds {coefficients.size} coefficients; model "
+            f"{where} holds {coefficients.size} coefficients; model "
             f"'{compiled.spec.name}' with {n_patches} patches has {flat.size}."
         )
     params = eqx.combine(unravel(np.asarray(coefficients, flat.dtype)), static)
     return params, coefficients
 
 
-def _stored_problem(ds: xr.Dataset, compiled, data, path) -> Problem | None:
+def _stored_problem(ds: xr.Dataset, compiled, data, folder) -> Problem | None:
     """The problem bound to `data`, else to the original data file when it
     still exists with the same SHA-256 (its absolute path, then its path as
-    given relative to the fit file's folder, then to the working directory),
-    else None."""
+    given relative to `folder`, then to the working directory), else None."""
     if data is None:
-        data = _stored_data_file(ds, path)
+        data = _stored_data_file(ds, folder)
     if data is None:
         return None
     problem = Problem(compiled, data)
@@ -396,11 +414,12 @@ def _stored_problem(ds: xr.Dataset, compiled, data, path) -> Problem | None:
     return problem
 
 
-def _stored_data_file(ds: xr.Dataset, path) -> str | None:
+def _stored_data_file(ds: xr.Dataset, folder: Path | None) -> str | None:
     """The fitted data file, found again by its SHA-256 (None when gone): the
     path as stored when absolute; else its absolute form from the fit (when it
-    ends in the same path), then the path relative to the fit file's folder,
-    then to the working directory."""
+    ends in the same path), then the path relative to `folder` (the folder of
+    the file holding the fit; None for a dataset in memory), then to the
+    working directory."""
     given = str(ds.attrs.get("data_file") or "")
     sha = ds.attrs.get("data_sha256")
     if not given or not sha:
@@ -411,7 +430,8 @@ def _stored_data_file(ds: xr.Dataset, path) -> str | None:
         absolute = str(ds.attrs.get("data_file_absolute") or "")
         if absolute and Path(absolute).parts[-len(tail) :] == tail:
             candidates.insert(0, absolute)
-        candidates.insert(-1, str(Path(path).resolve().parent / given))
+        if folder is not None:
+            candidates.insert(-1, str(Path(folder) / given))
     for c in candidates:
         if Path(c).is_file() and file_sha256(c) == sha:
             return c
@@ -431,7 +451,7 @@ def _stored_table(ds: xr.Dataset) -> list[dict]:
     ]
 
 
-def _stored_fields(ds: xr.Dataset, path) -> dict[str, Any]:
+def _stored_fields(ds: xr.Dataset, where) -> dict[str, Any]:
     """The fields stored as variables and attributes as they are."""
     cov = np.asarray(ds["covariance"].values, np.float64)
     if cov.size and np.all(np.isnan(cov)):
@@ -457,37 +477,37 @@ def _stored_fields(ds: xr.Dataset, path) -> dict[str, Any]:
         start_losses=np.asarray(ds["start_loss"].values),
         initial_losses=np.asarray(ds["start_initial_loss"].values),
         best_start=int(a.get("best_start", 0)),
-        uncertainty=_json_attr(ds, path, "uncertainty"),
-        settings=_json_attr(ds, path, "settings"),
+        uncertainty=_json_attr(ds, where, "uncertainty"),
+        settings=_json_attr(ds, where, "settings"),
         solver_stats=_prefixed(a, "solver_", int),
-        timing=_json_attr(ds, path, "timing"),
+        timing=_json_attr(ds, where, "timing"),
         trajectories=ds[traj_vars],
         model_text=str(a.get("model_text", "")),
         hashes={k: a[k] for k in ("model_sha256", "data_sha256") if k in a},
         versions=_prefixed(a, "version_", lambda v: v),
         **{k: float(a.get(k, np.nan)) for k in INFORMATION_FLOATS},
         **{k: int(a[k]) if k in a else None for k in INFORMATION_COUNTS},
-        notes=_stored_notes(ds, path),
-        priors=_stored_priors(ds, path),
+        notes=_stored_notes(ds, where),
+        priors=_stored_priors(ds, where),
     )
 
 
-def _stored_priors(ds: xr.Dataset, path) -> dict:
+def _stored_priors(ds: xr.Dataset, where) -> dict:
     """Every free parameter's prior (none in a file written before them)."""
     if "priors" not in ds.attrs:
         return {}
-    priors = _json_attr(ds, path, "priors")
+    priors = _json_attr(ds, where, "priors")
     names = {str(lab).split("[")[0].split(".")[0] for lab in ds["free"].values}
     if why := check_prior_records(priors, names):
-        raise _damaged(path, why)
+        raise _damaged(where, why)
     return priors
 
 
-def _stored_notes(ds: xr.Dataset, path) -> list[str]:
+def _stored_notes(ds: xr.Dataset, where) -> list[str]:
     """The fit's notes (none in a file written before them)."""
     notes = json.loads(ds.attrs["notes"]) if "notes" in ds.attrs else []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise _damaged(path, "attribute 'notes' is not a JSON list of strings")
+        raise _damaged(where, "attribute 'notes' is not a JSON list of strings")
     return notes
 
 

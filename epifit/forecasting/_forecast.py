@@ -27,7 +27,11 @@ from epifit.forecasting._ensemble import (
 )
 from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
-from epifit.forecasting._posterior_draws import posterior_draws
+from epifit.forecasting._posterior_draws import (
+    is_posterior,
+    posterior_draws,
+    posterior_fit,
+)
 from epifit.forecasting._predictive import (
     NOISE_SAMPLES,
     NoisePlan,
@@ -54,9 +58,10 @@ __all__ = [
 DEFAULT_QUANTILES = (0.025, 0.25, 0.5, 0.75, 0.975)
 
 
-def _resolve_fit(fit, params, covariance, data):
-    """`(problem, params, covariance, settings, provenance)` from what was given."""
-    prov: dict[str, Any] = {}
+def _resolve_fit(fit, params, covariance, data, prov: dict[str, Any]):
+    """`(problem, params, covariance, settings, provenance)` from what was given
+    (`prov`: what is known already of where the fit came from)."""
+    prov = dict(prov)
     if isinstance(fit, str | os.PathLike):
         path = Path(fit)
         if not path.exists():
@@ -88,8 +93,8 @@ def _resolve_fit(fit, params, covariance, data):
         prov["covariance"] = "given" if covariance is not None else "none"
         return fit, params, covariance, {}, prov, None
     raise TypeError(
-        "fit must be a FitResult, a FIT.nc path or a Problem (with params=); got "
-        f"{type(fit).__name__}."
+        "fit must be a FitResult, a FIT.nc path, a Problem (with params=) or a "
+        f"posterior (POSTERIOR.nc, Posterior); got {type(fit).__name__}."
     )
 
 
@@ -205,7 +210,7 @@ class PreparedForecast:
 
 
 def prepare_forecast(
-    fit: FitResult | str | os.PathLike | Problem,
+    fit: FitResult | str | os.PathLike | Problem | Any,
     scenarios: ScenariosLike = (),
     *,
     days: int | None = None,
@@ -229,8 +234,9 @@ def prepare_forecast(
     without running anything: `prepare_forecast(...).run()` is
     [`forecast`][]. The arguments are those of `forecast` (less
     `chunk_size`)."""
+    fit, posterior, data, known = _own_fit(fit, posterior, data)
     problem, params, cov, stored, prov, fit_obj = _resolve_fit(
-        fit, params, covariance, data
+        fit, params, covariance, data, known
     )
     sset = as_scenarios(scenarios) if not _empty(scenarios) else ScenarioSet(())
     days = sset.days if days is None else days
@@ -295,6 +301,23 @@ def prepare_forecast(
         noise=noise,
         seed=int(seed),
     )
+
+
+def _own_fit(fit, posterior, data):
+    """`(fit, posterior, data, provenance)`: a posterior given as `fit` (a
+    `POSTERIOR.nc`, found by its groups, or a `Posterior` or InferenceData)
+    forecasts from its own draws with the fit it embeds (bound to `data`);
+    anything else is passed on as it came."""
+    if isinstance(fit, FitResult | Problem) or not is_posterior(fit):
+        return fit, posterior, data, {}
+    if posterior is not None:
+        where = f"'{fit}'" if isinstance(fit, str | os.PathLike) else "fit"
+        raise ValueError(
+            f"{where} is a posterior (epifit sample) and forecasts from its own "
+            "draws; posterior= (--posterior) goes with a FIT.nc: drop it"
+        )
+    own, prov = posterior_fit(fit, data)
+    return own, fit, None, prov
 
 
 def _check_numbers(days, samples, seed, quantiles) -> np.ndarray:
@@ -387,7 +410,7 @@ def _draws(problem: Problem, template, fit_obj, cov, samples, seed, posterior):
 
 
 def forecast(
-    fit: FitResult | str | os.PathLike | Problem,
+    fit: FitResult | str | os.PathLike | Problem | Any,
     scenarios: ScenariosLike = (),
     *,
     days: int | None = None,
@@ -413,14 +436,24 @@ def forecast(
     Every scenario runs from day 0 of the data to `days` days past its end,
     for the point estimate and `samples` draws of the free parameters from the
     fit's Laplace approximation (`Normal(x̂, covariance)` in unconstrained
-    coordinates); a `baseline` scenario carries the last observed covariates
-    forward. The draws are shared by all scenarios, so differences between
-    scenarios are not blurred by sampling noise.
+    coordinates), or from a posterior sample; a `baseline` scenario carries
+    the last observed covariates forward. The draws are shared by all
+    scenarios, so differences between scenarios are not blurred by sampling
+    noise.
 
     Args:
         fit: a [`FitResult`][epifit.FitResult], a `FIT.nc` path, or a
             [`Problem`][epifit.Problem] with `params` (and `covariance` for
-            draws): a model bound to data without a fit.
+            draws): a model bound to data without a fit. Or a posterior of
+            [`sample`][epifit.sample] (a `POSTERIOR.nc` path, told from a
+            `FIT.nc` by its `posterior` group, a
+            [`Posterior`][epifit.Posterior] or its `arviz.InferenceData`):
+            its draws with the fit it embeds (its `fit` group: the model,
+            data file, fit configuration and point estimate), the same
+            forecast as `forecast(FIT.nc, posterior=POSTERIOR.nc)`; the data
+            file is found by its SHA-256 (its absolute path, then relative to
+            the posterior file's folder, then to the working directory) or
+            given as `data`.
         scenarios: a `SCENARIOS.toml` path, the same as a mapping, one
             [`Scenario`][epifit.forecasting.Scenario] or a list of them
             (default: the baseline only).
@@ -431,7 +464,8 @@ def forecast(
         quantiles: the levels to report.
         compartments: compartments to report besides the observed series
             (summed over stages).
-        data: the dataset, for a `FIT.nc` whose data file moved.
+        data: the dataset, for a `FIT.nc` (or `POSTERIOR.nc`) whose data
+            file moved.
         params: with a `Problem`: unconstrained parameters (default: the
             model's initial values).
         covariance: with a `Problem`: the covariance of the free
@@ -453,7 +487,8 @@ def forecast(
         posterior: draws from a posterior sample of `epifit.sample` (a
             `POSTERIOR.nc` path, a `Posterior` or an `arviz.InferenceData`
             over the fit's free parameters) in place of the Laplace
-            approximation's: `samples` of its draws, chosen by `seed`.
+            approximation's: `samples` of its draws, chosen by `seed`. Not
+            with a posterior as `fit` (it has its draws).
 
     Returns:
         A Dataset with, for every observed series and chosen compartment `s`:
@@ -475,7 +510,8 @@ def forecast(
 
     Raises:
         ScenarioError: a scenario that does not fit the model, data or horizon.
-        ValueError: bad arguments, or draws without a usable covariance.
+        ValueError: bad arguments, or draws without a usable covariance; a
+            posterior as `fit` that embeds no fit, or with `posterior=`.
         FileNotFoundError: a fit file that is missing or not bound to its data.
         RuntimeError: the solve at the point estimate fails in a scenario.
     """

@@ -1,5 +1,6 @@
 """Forecast draws from a posterior sample (`epifit sample`), in place of the
-Laplace approximation's."""
+Laplace approximation's; and the fit a posterior embeds (its `fit` group), so
+that a posterior alone can be forecast."""
 
 from __future__ import annotations
 
@@ -11,8 +12,73 @@ import numpy as np
 import xarray as xr
 
 from epifit._paths import file_sha256
+from epifit.fitting import FitResult
 
-__all__ = ["posterior_draws"]
+__all__ = ["is_posterior", "posterior_draws", "posterior_fit"]
+
+# the group of a posterior file (or InferenceData) holding its MAP fit, as
+# `epifit.sampling` writes it
+FIT_GROUP = "fit"
+
+
+def _file_groups(path: Path) -> set[str] | None:
+    """The netCDF groups of a file at the root; None for a file netCDF cannot
+    read (the reader it goes to reports it)."""
+    import netCDF4
+
+    try:
+        with netCDF4.Dataset(path) as nc:
+            return set(nc.groups)
+    except (OSError, ValueError, RuntimeError):
+        return None
+
+
+def is_posterior(obj: Any) -> bool:
+    """Whether `obj` is a posterior sample: a netCDF file with a `posterior`
+    group (`epifit sample`'s `POSTERIOR.nc`; a `FIT.nc` has no groups), an
+    ArviZ `InferenceData` or an `epifit.sampling.Posterior`."""
+    if isinstance(obj, str | os.PathLike):
+        path = Path(obj)
+        return path.is_file() and "posterior" in (_file_groups(path) or ())
+    data = getattr(obj, "data", obj)
+    return isinstance(getattr(data, "posterior", None), xr.Dataset)
+
+
+def _no_fit(where: str) -> ValueError:
+    return ValueError(
+        f"{where} holds no fit (a posterior written before posterior files "
+        "embedded their fit): forecast it with its fit, `epifit forecast FIT.nc "
+        f"--posterior {where}` (forecast(fit, posterior=...))"
+    )
+
+
+def posterior_fit(
+    posterior: Any, data: xr.Dataset | str | os.PathLike | None
+) -> tuple[FitResult, dict[str, Any]]:
+    """The MAP fit a posterior embeds (its `fit` group, as `FIT.nc` holds
+    it), bound to `data` when given, else to the data file it names (found
+    by its SHA-256: absolute path, then relative to the posterior file's
+    folder, then to the working directory); and the forecast's provenance
+    attributes saying where the fit came from.
+
+    Raises:
+        ValueError: a posterior without an embedded fit (written before
+            posterior files held one).
+    """
+    if isinstance(posterior, str | os.PathLike):
+        path = Path(posterior)
+        if FIT_GROUP not in (_file_groups(path) or ()):
+            raise _no_fit(str(path))
+        fit = FitResult.from_netcdf(path, data=data, group=FIT_GROUP)
+        return fit, {"fit_file": str(path), "fit_group": FIT_GROUP}
+    own = getattr(posterior, "fit", None)  # an epifit Posterior's
+    if isinstance(own, FitResult) and data is None:
+        return own, {"fit_group": FIT_GROUP}
+    idata = getattr(posterior, "data", posterior)
+    group = getattr(idata, FIT_GROUP, None)
+    if not isinstance(group, xr.Dataset):
+        raise _no_fit("the posterior")
+    return FitResult.from_dataset(group, data=data), {"fit_group": FIT_GROUP}
 
 
 def _posterior_group(posterior: Any) -> tuple[xr.Dataset, str]:

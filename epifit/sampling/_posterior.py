@@ -12,14 +12,19 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from epifit.fitting import library_versions, observation_model
+from epifit._paths import file_sha256
+from epifit.fitting import FitResult, library_versions, observation_model
 from epifit.sampling._nuts import STATS, NutsSettings
 from epifit.simulation import sample_noise
 
-__all__ = ["Posterior", "posterior_data"]
+__all__ = ["FIT_GROUP", "Posterior", "posterior_data"]
 
 RHAT_MAX = 1.01
 ESS_MIN = 400
+# the InferenceData group holding the MAP fit the chains started from, as
+# `FitResult.to_dataset` makes it (not one of ArviZ's schema groups: ArviZ
+# reads, writes and carries it along, and asks for it by name only)
+FIT_GROUP = "fit"
 
 
 def _values_fn(density):
@@ -73,13 +78,23 @@ def _series_dims(problem, shape: tuple) -> tuple[list[str], dict]:
 
 
 def posterior_data(
-    density, data, results, settings: NutsSettings, *, x_map, provenance, timing
+    density,
+    data,
+    results,
+    settings: NutsSettings,
+    *,
+    x_map,
+    provenance,
+    timing,
+    fit: FitResult | None = None,
 ):
     """The chains' draws as an `arviz.InferenceData`: `posterior` (every
     parameter's constrained value, derived quantities, and the free vector
     `x` with its labels), `sample_stats`, `log_likelihood` (per observed
     point), `posterior_predictive` (with each family's observation noise),
-    `observed_data`, `constant_data` (the data's other variables)."""
+    `observed_data`, `constant_data` (the data's other variables) and `fit`
+    (the MAP `fit` the chains started from, as `FIT.nc` holds it; see
+    `embedded_fit`)."""
     import arviz as az
 
     obj = density.objective
@@ -147,7 +162,33 @@ def posterior_data(
     ).assign_attrs(attrs)
     if constant is not None:
         datasets["constant_data"] = constant.assign_attrs(attrs)
-    return az.InferenceData(**datasets)
+    if fit is not None and fit.trajectories is not None:
+        datasets[FIT_GROUP] = embedded_fit(fit)
+    # `fit` is a group of epifit's own: said once here, not warned about
+    return az.InferenceData(**datasets, warn_on_custom_groups=False)
+
+
+def embedded_fit(fit: FitResult) -> xr.Dataset:
+    """The `fit` group: `fit.to_dataset()` (what `FIT.nc` holds), naming the
+    data file the fit is bound to, so that a forecast of the posterior file
+    alone finds it again by its SHA-256 as `FitResult.from_netcdf` finds a
+    fit's (its absolute path, then its path relative to the posterior file's
+    folder, then to the working directory). A fit bound to other data than
+    it names (`from_netcdf(..., data=...)`) names the data it is bound to,
+    or none for data in memory (a forecast then needs `data=`)."""
+    ds = fit.to_dataset()
+    problem = fit.problem
+    if problem is None:
+        return ds
+    sha = file_sha256(problem.data_path) if problem.data_path else None
+    if sha != ds.attrs.get("data_sha256"):
+        given = str(problem.data_path or "")
+        ds.attrs["data_file"] = given
+        ds.attrs["data_file_absolute"] = str(Path(given).resolve()) if given else ""
+        ds.attrs.pop("data_sha256", None)
+        if sha:
+            ds.attrs["data_sha256"] = sha
+    return ds
 
 
 def _observation_groups(obj, data, preds, lls, noise, seed: int, coords: dict):
@@ -206,10 +247,41 @@ def _constant_data(problem, observed: set[str]) -> xr.Dataset | None:
 
 
 class Posterior:
-    """Posterior draws (`data`: an `arviz.InferenceData`)."""
+    """Posterior draws (`data`: an `arviz.InferenceData`) and the MAP fit the
+    chains started from (`fit`).
 
-    def __init__(self, data):
+    Args:
+        data: the `InferenceData` (see [`sample`][epifit.sample]).
+        fit: the fit the chains started from (default: the one the `fit`
+            group of `data` holds, read when first asked for).
+        source: the file `data` was read from (a data file the `fit` group
+            names by a relative path is looked for in its folder first).
+    """
+
+    def __init__(
+        self,
+        data,
+        fit: FitResult | None = None,
+        source: str | os.PathLike | None = None,
+    ):
         self.data = data
+        self._fit = fit
+        self.source = None if source is None else Path(source)
+
+    @property
+    def fit(self) -> FitResult | None:
+        """The MAP fit the chains started from (its model, data, fit
+        configuration and point estimate): the one `sample` ran from, else the
+        one the `fit` group holds, bound to its data file when that is found
+        (absolute path, relative to the posterior file's folder, then to the
+        working directory); None for a posterior written without it (before
+        posterior files embedded their fit)."""
+        if self._fit is None and FIT_GROUP in self.data.groups():
+            if self.source is not None:
+                self._fit = FitResult.from_netcdf(self.source, group=FIT_GROUP)
+            else:
+                self._fit = FitResult.from_dataset(getattr(self.data, FIT_GROUP))
+        return self._fit
 
     @property
     def parameters(self) -> list[str]:
@@ -274,9 +346,11 @@ class Posterior:
 
     @classmethod
     def from_netcdf(cls, path: str | os.PathLike) -> Posterior:
+        """Read a `POSTERIOR.nc` (its fit, when it has one, when first asked
+        for: see `fit`)."""
         import arviz as az
 
-        return cls(az.from_netcdf(path))
+        return cls(az.from_netcdf(path), source=path)
 
     def __repr__(self) -> str:
         p = self.data.posterior

@@ -75,7 +75,9 @@ def sample(
 
     Returns:
         A [`Posterior`][epifit.sampling.Posterior] (its `.data` an
-        `arviz.InferenceData`).
+        `arviz.InferenceData`; its `.fit` the MAP fit the chains started
+        from, which the InferenceData's `fit` group holds as `FIT.nc` does,
+        so that the posterior file alone can be forecast).
     """
     wall = time.perf_counter()
     settings = NutsSettings(
@@ -114,8 +116,9 @@ def sample(
             "warmup_s": [r["warmup_s"] for r in results],
             "draws_s": [r["draws_s"] for r in results],
         },
+        fit=start["fit"],
     )
-    return Posterior(idata)
+    return Posterior(idata, fit=start["fit"])
 
 
 def _run_chains(programs, starts, imm0, data, store, progress) -> list[dict]:
@@ -168,6 +171,7 @@ def _map(model_or_problem, data, fit, init) -> dict:
     config = fit_config(init.fit_config if fit is None else fit)
     setup = resolve_fit(init.problem, config, init=init.params)
     return {
+        "fit": init,
         "objective": setup.objective,
         "x": init.x,
         "covariance": init.covariance,
