@@ -105,8 +105,9 @@ def figure_legend(
 def short_bands(text: str) -> str:
     """A band description in a few words: `100 parameter draws and Poisson
     observation noise` -> `100 parameter draws + Poisson noise`, `100
-    parameter draws only (not observed: ...)` -> `100 parameter draws`."""
-    text = text.split(" (", 1)[0].removesuffix(" only")
+    parameter draws only (not observed: ...)` -> `100 parameter draws
+    only`."""
+    text = text.split(" (", 1)[0]
     if " and " in text and text.endswith(" observation noise"):
         draws, family = text.split(" and ", 1)
         return f"{draws} + {family.removesuffix(' observation noise')} noise"

@@ -235,10 +235,12 @@ def _draws(
     was asked for: a simulation, `samples=0`)."""
     if samples == 0 or ds.attrs.get("epifit_kind") != "fit":
         return None, ""
-    if "covariance" not in ds:
-        return None, "the fit has no covariance (fitted without uncertainty)"
-    if not np.all(np.isfinite(np.asarray(ds["covariance"].values, float))):
-        return None, "the fit's covariance is not finite"
+    cov = ds["covariance"].values if "covariance" in ds else np.full(1, np.nan)
+    if not np.all(np.isfinite(np.asarray(cov, float))):
+        return None, (
+            "the fit has no finite covariance (fitted without uncertainty, or "
+            "its Laplace approximation failed)"
+        )
     from epifit.data import write_dataset
     from epifit.forecasting import forecast
 
@@ -502,9 +504,9 @@ def _explain(ds: xr.Dataset, bands: dict, spec: Any, why: str) -> str:
         groups: dict[str, list[str]] = {}
         for name, (what, found) in bands.items():
             if found:
-                groups.setdefault(what, []).append(name)
+                groups.setdefault(short_bands(what), []).append(name)
         widths = sorted({w for _, f in bands.values() for w, _, _ in f}, key=_pct)
-        over = "; ".join(f"{', '.join(n)}: {short_bands(w)}" for w, n in groups.items())
+        over = "; ".join(f"{', '.join(n)}: {w}" for w, n in groups.items())
         text = f"Bands: central {'/'.join(widths)} predictive intervals ({over})."
         if why:
             text += f" {why[0].upper()}{why[1:]}."

@@ -31,12 +31,14 @@ def plot_profile(
     Returns:
         The `matplotlib.figure.Figure`; written atomically to `out` when given.
     """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     if not isinstance(profile, Profile):
         profile = Profile.from_netcdf(Path(profile))
     p = profile
     fig = Figure(figsize=(6.4, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.plot(p.grid, p.delta, "o-", color="C0", ms=3, label="profile (others re-fitted)")
     bad = ~p.converged

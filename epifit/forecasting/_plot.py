@@ -216,12 +216,10 @@ def _band_note(ds: xr.Dataset, series: Sequence[str]) -> str:
         return f"No symmetric quantiles, no bands; lines: the {line}."
     groups: dict[str, list[str]] = {}
     for s in series:
-        groups.setdefault(_bands_of(ds, s), []).append(s)
+        groups.setdefault(short_bands(_bands_of(ds, s)), []).append(s)
     cov = ds.attrs.get("covariance", "")
     drawn = f", covariance {cov}" if cov and int(ds.attrs.get("samples", 0)) else ""
-    over = "; ".join(
-        f"{', '.join(names)}: {short_bands(t)}" for t, names in groups.items()
-    )
+    over = "; ".join(f"{', '.join(names)}: {t}" for t, names in groups.items())
     return (
         f"Lines: the {line} of each scenario; bands: central "
         f"{'/'.join(widths[::-1])} predictive intervals ({over}{drawn})."
