@@ -15,6 +15,7 @@ import numpy as np
 LEGEND_CHAR_IN = 0.5 / 72  # one character, per point of font size
 LEGEND_HANDLE_IN = 0.5
 MARGIN = 0.06  # of the data's span, above the top (and below a non-zero bottom)
+OUTER_CAP = 2.0  # an outer band above the rest by more than this many spans: cut
 
 
 def date_axis(ax: Any) -> None:
@@ -50,20 +51,50 @@ def unit_label(name: str, obs: Any = None) -> str:
     return f"{name} ({per})"
 
 
-def cover_y(ax: Any, arrays: Iterable[Any], *, counts: bool = True, lines=()) -> None:
+def cover_y(
+    ax: Any,
+    arrays: Iterable[Any],
+    *,
+    counts: bool = True,
+    lines: Iterable[float] = (),
+    outer: Iterable[Any] = (),
+) -> None:
     """Set the y limits of `ax` over every finite value of `arrays` (data,
-    fitted lines, bands) and the reference `lines` (such as 1 for `R_eff`),
-    with a margin; from 0 for `counts` that start near it."""
-    parts = [np.asarray(a, float).ravel() for a in arrays]
-    parts.append(np.asarray(list(lines), float))
-    v = np.concatenate(parts) if parts else np.zeros(0)
-    v = v[np.isfinite(v)]
-    if v.size == 0:
+    fitted lines, inner bands) and the reference `lines` (such as 1 for
+    `R_eff`), with a margin; from 0 for `counts` that start near it. The
+    `outer` arrays (the outermost band's edges) are covered too unless they
+    reach past `OUTER_CAP` times the top of the rest: then the axis stops
+    there and a note in the corner gives the band's top, so one wild
+    draw-band does not flatten the data to a line."""
+    v = _finite([*arrays, list(lines)])
+    out = _finite(list(outer))
+    if v.size == 0 and out.size == 0:
         return
+    top = float(v.max()) if v.size else float(out.max())
+    cap = top + OUTER_CAP * (top - min(float(v.min()), 0.0)) if v.size else np.inf
+    if out.size and out.max() > cap:
+        ax.text(
+            0.99,
+            0.98,
+            f"outer band up to {out.max():.3g} (clipped)",
+            transform=ax.transAxes,
+            ha="right",
+            va="top",
+            fontsize=6.5,
+            color="0.3",
+        )
+        out = np.append(out[out <= cap], cap)
+    v = np.concatenate([v, out])
     lo, hi = float(v.min()), float(v.max())
     pad = MARGIN * (hi - lo) or 0.05 * abs(hi) or 1.0
     bottom = 0.0 if counts and 0.0 <= lo <= 0.5 * hi else lo - pad
     ax.set_ylim(bottom, hi + pad)
+
+
+def _finite(arrays: list) -> np.ndarray:
+    parts = [np.asarray(a, float).ravel() for a in arrays]
+    v = np.concatenate(parts) if parts else np.zeros(0)
+    return v[np.isfinite(v)]
 
 
 def figure_legend(

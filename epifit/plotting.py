@@ -370,7 +370,7 @@ def _draw_series(
         r, c = first_row + step * (j // ncols), j % ncols
         ax = fig.add_subplot(grid[r, c])
         sel = {} if patch is None else {PATCH: patch}
-        shown = []
+        shown, outer = [], []
         if band is not None:
             for k, (_, lo, hi) in enumerate(band[1]):
                 lo, hi = (lo.sel(sel).values, hi.sel(sel).values) if sel else (lo, hi)
@@ -380,7 +380,7 @@ def _draw_series(
                 ax.fill_between(
                     t[keep], lo[keep], hi[keep], color="C0", alpha=alpha, lw=0
                 )
-                shown += [lo, hi]
+                (outer if k == 0 else shown).extend([lo, hi])
         if obs is not None:
             y = ds[obs].sel(sel).values if sel else ds[obs].values
             ax.plot(t, y, "o", ms=3, color="0.15", zorder=3)
@@ -392,7 +392,7 @@ def _draw_series(
             shown.append(y)
         if title == REFF:
             ax.axhline(1.0, color="0.35", ls=":", lw=1)
-        cover_y(ax, shown, lines=[1.0] if title == REFF else [])
+        cover_y(ax, shown, lines=[1.0] if title == REFF else [], outer=outer)
         name = title if patch is None else f"{title} — {patch}"
         ax.set_title(name, fontsize=9)
         if c == 0:

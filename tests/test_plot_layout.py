@@ -35,6 +35,7 @@ def _forecast() -> xr.Dataset:
     q = np.stack([base, lower])[..., None] * np.array([1.0, 0.4])  # (sc, q, t, p)
     dims = ("scenario", "quantile", "time", "patch")
     reff = np.broadcast_to(np.linspace(3.0, 0.6, t.size)[:, None], q.shape).copy()
+    reff[1, :, N_FIT:] *= 0.7
     observed = np.where(t < N_FIT, curve, np.nan)[:, None] * np.array([1.0, 0.4])
     draws = {"bands": "40 parameter draws and Poisson observation noise"}
     only = {"bands": "40 parameter draws only (not observed: no observation noise)"}
@@ -45,6 +46,10 @@ def _forecast() -> xr.Dataset:
             "R_eff": (dims, reff, only),
             "R_eff_total": (dims[:3], reff[..., 0], only),
             "observed_cases": (("time", "patch"), observed),
+            # the point estimates (the medians): where the scenarios part
+            "estimate_cases": (("scenario", "time", "patch"), q[:, 2]),
+            "estimate_R_eff": (("scenario", "time", "patch"), reff[:, 2]),
+            "estimate_R_eff_total": (("scenario", "time"), reff[:, 2, :, 0]),
         },
         coords={
             "scenario": ["baseline", "distancing"],
@@ -177,6 +182,11 @@ def test_each_scenario_has_its_own_colour_and_line_style(fan):
     colours = {c for c, _ in styles}
     # baseline, distancing, and grey where they agree (the fit window)
     assert len(colours) == 3 and len({s for _, s in styles}) >= 2
+    # grey up to the day the point estimates part (the forecast start)
+    (shared,) = [ln for ln in medians if ln.get_color() == "0.35"]
+    assert ax.convert_xunits(shared.get_xdata()[-1]) == pytest.approx(
+        ax.convert_xunits(DATES[N_FIT])
+    )
     # the bands are tinted: the forecast window's fills carry both colours
     fills = {tuple(np.round(pc.get_facecolor()[0][:3], 3)) for pc in ax.collections}
     assert len(fills) >= 3

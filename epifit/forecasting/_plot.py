@@ -272,8 +272,8 @@ def _panel(ax, ds: xr.Dataset, s: str, area: str | None) -> None:
     ]
     # the days all scenarios share (the fit window, at least): drawn once,
     # in grey, so each scenario's colour starts where it differs
-    split = _split(qss, lines) if len(names) > 1 else 0
-    shown = []
+    split = _split(ds, s, area, names) if len(names) > 1 else 0
+    shown, outer = [], []
     for c, (qs, line) in enumerate(zip(qss, lines, strict=True)):
         style = _style(c)
         if c == 0 and split > 0:
@@ -282,14 +282,16 @@ def _panel(ax, ds: xr.Dataset, s: str, area: str | None) -> None:
             )
         part = slice(max(split - 1, 0) if split else 0, None)
         _fan(ax, t[part], qs[:, part], line[part], pairs, style)
-        shown += [qs[:, first:] if pairs else line[None, first:]]
+        shown.append(line[first:])
+        for k, (lo, hi) in enumerate(pairs):
+            (outer if k == 0 else shown).append(qs[[lo, hi], first:])
     if s == REFF:
         ax.axhline(1.0, color="0.3", ls=":", lw=1)
     if obs is not None:
         y = np.asarray(obs.values, float)
         ax.plot(t, y, "o", ms=2.4, color="0.1", zorder=3)
         shown.append(y[first:])
-    cover_y(ax, shown, lines=[1.0] if s == REFF else [])
+    cover_y(ax, shown, lines=[1.0] if s == REFF else [], outer=outer)
     ax.set_title(f"{s} — {where} ({_short(_bands_of(ds, s))})", fontsize=8.5)
 
 
@@ -305,13 +307,18 @@ def _fan(ax, t, qs: np.ndarray, line: np.ndarray, pairs, style: dict) -> None:
     ax.plot(t, line, lw=1.8, **style)
 
 
-def _split(qss: list[np.ndarray], lines: list[np.ndarray]) -> int:
-    """The first day on which some scenario's quantiles or line differ from
-    the first scenario's (the number of days they all share)."""
-    same = np.ones(qss[0].shape[-1], bool)
-    for qs, line in zip(qss[1:], lines[1:], strict=True):
-        same &= np.all(np.isclose(qs, qss[0], rtol=1e-9, equal_nan=True), axis=0)
-        same &= np.isclose(line, lines[0], rtol=1e-9, equal_nan=True)
+def _split(ds: xr.Dataset, s: str, area: str | None, names: list[str]) -> int:
+    """The first day on which some scenario's point estimate of `s` in
+    `area` differs from the first scenario's (the number of days they all
+    share): the point estimate, not the quantiles, whose noise draws differ
+    between scenarios even where their trajectories agree."""
+    if f"estimate_{s}" not in ds:
+        return 0
+    first = _estimate(ds, s, area, names[0])
+    same = np.ones(first.size, bool)
+    for name in names[1:]:
+        other = _estimate(ds, s, area, name)
+        same &= np.isclose(other, first, rtol=1e-9, atol=0.0, equal_nan=True)
     return int(np.argmin(same)) if not same.all() else same.size
 
 
