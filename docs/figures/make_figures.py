@@ -30,7 +30,7 @@ from epifit.plotting import plot_fit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
-DPI = 80  # small committed files
+DPI = 96  # legible, and small enough to commit (~100 KB each)
 
 
 def main() -> None:
