@@ -15,7 +15,7 @@ import numpy as np
 LEGEND_CHAR_IN = 0.5 / 72  # one character, per point of font size
 LEGEND_HANDLE_IN = 0.5
 MARGIN = 0.06  # of the data's span, above the top (and below a non-zero bottom)
-OUTER_CAP = 2.0  # an outer band above the rest by more than this many spans: cut
+OUTER_CAP = 2.0  # bands above the rest by more than this many of its spans: cut
 
 
 def date_axis(ax: Any) -> None:
@@ -60,12 +60,12 @@ def cover_y(
     outer: Iterable[Any] = (),
 ) -> None:
     """Set the y limits of `ax` over every finite value of `arrays` (data,
-    fitted lines, inner bands) and the reference `lines` (such as 1 for
+    fitted lines, medians) and the reference `lines` (such as 1 for
     `R_eff`), with a margin; from 0 for `counts` that start near it. The
-    `outer` arrays (the outermost band's edges) are covered too unless they
-    reach past `OUTER_CAP` times the top of the rest: then the axis stops
-    there and a note in the corner gives the band's top, so one wild
-    draw-band does not flatten the data to a line."""
+    `outer` arrays (the bands' edges) are covered too unless they reach
+    more than `OUTER_CAP` spans of the rest above its top: then the axis
+    stops there and a note in the corner gives the bands' top, so the wild
+    draws of a poorly determined fit do not flatten the data to a line."""
     v = _finite([*arrays, list(lines)])
     out = _finite(list(outer))
     if v.size == 0 and out.size == 0:
@@ -76,7 +76,7 @@ def cover_y(
         ax.text(
             0.99,
             0.98,
-            f"outer band up to {out.max():.3g} (clipped)",
+            f"bands up to {out.max():.3g} (clipped)",
             transform=ax.transAxes,
             ha="right",
             va="top",

@@ -132,7 +132,10 @@ def plot_fit(
     needs the fit's data file and compiles the model once. Without draws
     (`samples=0`, no covariance, or the data not found) a series with a
     noise model gets the central 95% interval of its noise at the fitted
-    mean. The legend, below the panels, says which.
+    mean. The legend, below the panels, says which. Each panel's y axis
+    covers the data, the line and the bands, unless the bands reach more
+    than two spans of the data and line above them (the wild draws of a
+    poorly determined fit): then it stops there, with a note of their top.
 
     Cost: a file is read whole into memory; drawing makes one matplotlib axes
     (two with residuals) per series and patch drawn (at most `max_patches`
@@ -380,7 +383,7 @@ def _draw_series(
                 ax.fill_between(
                     t[keep], lo[keep], hi[keep], color="C0", alpha=alpha, lw=0
                 )
-                (outer if k == 0 else shown).extend([lo, hi])
+                outer.extend([lo, hi])
         if obs is not None:
             y = ds[obs].sel(sel).values if sel else ds[obs].values
             ax.plot(t, y, "o", ms=3, color="0.15", zorder=3)

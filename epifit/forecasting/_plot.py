@@ -69,11 +69,13 @@ def plot_forecast(
     shows the forecast window and up to twice as many days of data before
     it; each panel's y axis covers everything drawn in that window (data,
     bands, medians; 1 for `R_eff`, with a line there), so neither the data
-    nor the forecast is clipped. The one legend sits below the panels, off
-    the data; its title says what the bands are (parameter draws, and
-    observation noise for an observed series: the `bands` attribute of its
-    variable), each panel's title the short form. A derived series
-    (`[derived]` reading the state or covariates) has no sum over patches:
+    nor the forecast is clipped (bands more than two spans of the rest
+    above it are cut, with a note of their top). The one legend sits below
+    the panels, off the data; its title says what the bands are (parameter
+    draws, and observation noise for an observed series: the `bands`
+    attribute of its variable), each panel's title the short form. A
+    derived series (`[derived]` reading the state or covariates) has no sum
+    over patches:
     its panel for all patches draws the median of each patch.
 
     Args:
@@ -283,8 +285,7 @@ def _panel(ax, ds: xr.Dataset, s: str, area: str | None) -> None:
         part = slice(max(split - 1, 0) if split else 0, None)
         _fan(ax, t[part], qs[:, part], line[part], pairs, style)
         shown.append(line[first:])
-        for k, (lo, hi) in enumerate(pairs):
-            (outer if k == 0 else shown).append(qs[[lo, hi], first:])
+        outer += [qs[[lo, hi], first:] for lo, hi in pairs]
     if s == REFF:
         ax.axhline(1.0, color="0.3", ls=":", lw=1)
     if obs is not None:
