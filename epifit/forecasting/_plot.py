@@ -73,10 +73,11 @@ def plot_forecast(
     above it are cut, with a note of their top). The one legend sits below
     the panels, off the data; its title says what the bands are (parameter
     draws, and observation noise for an observed series: the `bands`
-    attribute of its variable), each panel's title the short form. A
-    derived series (`[derived]` reading the state or covariates) has no sum
-    over patches:
-    its panel for all patches draws the median of each patch.
+    attribute of its variable), each panel's title the short form. The days
+    on which all scenarios' point estimates agree (the fit window, at
+    least) are drawn once, in grey. A derived series (`[derived]` reading
+    the state or covariates) has no sum over patches: its panel for all
+    patches draws the median of each patch.
 
     Args:
         source: a forecast Dataset or a `FORECAST.nc` path
