@@ -18,10 +18,15 @@ MARGIN = 0.06  # of the data's span, above the top (and below a non-zero bottom)
 OUTER_CAP = 2.0  # bands above the rest by more than this many of its spans: cut
 
 
-def date_axis(ax: Any) -> None:
-    """Ticks of a dated x axis that do not collide: at most six, labelled by
-    `ConciseDateFormatter` (day numbers, the month and year once)."""
+def date_axis(ax: Any, t: Any) -> None:
+    """Ticks of an x axis over times `t` that do not collide: for dates at
+    most six, labelled by `ConciseDateFormatter` (day numbers, the month and
+    the year once); day numbers keep matplotlib's own ticks."""
     import matplotlib.dates as mdates
+
+    ax.tick_params(labelsize=7)
+    if not np.issubdtype(np.asarray(t).dtype, np.datetime64):
+        return
 
     locator = mdates.AutoDateLocator(minticks=3, maxticks=6)
     ax.xaxis.set_major_locator(locator)

@@ -400,7 +400,7 @@ def _draw_series(
         ax.set_title(name, fontsize=9)
         if c == 0:
             ax.set_ylabel(unit_label(title, obs_spec), fontsize=8)
-        date_axis(ax)
+        date_axis(ax, t)
         if residuals is not None:
             ax.tick_params(labelbottom=False)
             res_ax = fig.add_subplot(grid[r + 1, c], sharex=ax)
@@ -426,7 +426,7 @@ def _draw_residuals(
         ax.set_ylabel(
             "Pearson\nresidual" if kind == "Pearson" else "obs − fit", fontsize=7.5
         )
-    date_axis(ax)
+    date_axis(ax, t)
 
 
 def _draw_loss(ax: Any, ds: xr.Dataset) -> None:
@@ -469,7 +469,7 @@ def _heading(ds: xr.Dataset, note: str) -> str:
         if "loss" in ds.attrs:
             head += f" (loss {float(ds.attrs['loss']):.6g})"
     else:
-        head += f": {kind}"
+        head = f"{head}: {kind}" if head else kind
     return f"{head}; {note}" if note else head
 
 

@@ -134,7 +134,7 @@ def plot_forecast(
                 _panel(ax, ds, s, areas[j])
             if j % ncols == 0:
                 ax.set_ylabel(unit_label(s, _observation(spec, s)), fontsize=8)
-            date_axis(ax)
+            date_axis(ax, ds[TIME].values)
     _window(axes[0, 0], ds)
     _legend(fig, ds, series)
     n = len(_scenarios(ds))
