@@ -246,6 +246,7 @@ FLAGS = [
     (["forecast", "--chunk-size", "0"], r"^--chunk-size must be >= 1; got 0$"),
     (["forecast", "--quantiles", "0.5,2"], r"^--quantiles must be comma-separated "),
     (["plot", "--max-patches", "0"], r"^--max-patches must be >= 1; got 0$"),
+    (["plot", "--samples", "-1"], r"^--samples must be >= 0; got -1$"),
     (["adjoints", "--repeats", "0"], r"^--repeats must be >= 1; got 0$"),
 ]
 _POSITIONAL = {

@@ -68,20 +68,26 @@ def test_fit_files_carry_the_series(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
     fig = plot_fit(tmp_path / "FIT.nc")
     titles = [ax.get_title() for ax in fig.axes]
+    # observed series with a residual panel (no title) under each
     assert titles == [
         "cases — p0",
+        "",
         "vaccinated — p0",
+        "",
         "prevalence — p0",
         "per_dose — p0",
         "loss history",
     ]
-    heading = " ".join(fig._suptitle.get_text().split())
+    assert [ax.get_ylabel() for ax in fig.axes][1] == "Pearson\nresidual"
+    # no covariance (uncertainty=False): the noise at the fitted mean only
+    heading = " ".join(fig.legends[0].get_title().get_text().split())
     assert (
-        "shaded: the central 95% interval of each observation's noise at the "
-        "fitted mean (cases, vaccinated; without parameter uncertainty)" in heading
+        "Bands: central 95% predictive intervals (cases, vaccinated: Poisson "
+        "noise at the fitted mean, no parameter draws)" in heading
     )
-    handles, labels = fig.axes[0].get_legend_handles_labels()
-    assert labels[0] == "95% Poisson interval at the fit"
+    assert "The fit has no finite covariance (fitted without uncertainty" in heading
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels[:3] == ["model at the fitted parameters", "observed", "95% band"]
 
 
 def test_a_series_cannot_feed_another_expression():
@@ -191,11 +197,12 @@ def test_plot_forecast_draws_a_row_per_series_and_names_its_bands(
     assert "cases — all patches (draws + Poisson noise)" in titles
     panel = fig.axes[titles.index("prevalence — median of each patch")]
     assert len(panel.get_lines()) == 3 * 2 + 1  # scenarios x patches, the start
-    heading = " ".join(fig._suptitle.get_text().split())  # wrapped to the width
-    assert "bands: central 50%, 95% intervals" in heading
+    # the legend's title (wrapped to the width) says what the bands are
+    heading = " ".join(fig.legends[0].get_title().get_text().split())
+    assert "bands: central 50%/95% predictive intervals" in heading
     assert (
-        "cases, vaccinated: over 20 parameter draws and Poisson observation "
-        "noise; prevalence, per_dose, force: over 20 parameter draws only" in heading
+        "cases, vaccinated: 20 parameter draws + Poisson noise; prevalence, "
+        "per_dose, force: 20 parameter draws only" in heading
     )
 
 

@@ -210,10 +210,11 @@ def test_round_trip_and_fan_chart(ensemble, tmp_path):
         "in_bed — p0 (draws only)",
         "I — p0 (draws only)",
     ]
-    assert len(fig.axes[0].collections) == 3 * 2  # scenarios x 50%, 95% bands
-    heading = " ".join(fig._suptitle.get_text().split())
-    assert "in_bed: over 40 parameter draws only (least_squares has no" in heading
-    assert "I: over 40 parameter draws only (not observed: no" in heading
+    # scenarios x 50%, 95% bands, and the days they all share once, in grey
+    assert len(fig.axes[0].collections) == 3 * 2 + 2
+    # the legend's title says what the bands are (the heading is one line)
+    heading = " ".join(fig.legends[0].get_title().get_text().split())
+    assert "(in_bed, I: 40 parameter draws only, covariance" in heading
     assert back["in_bed"].attrs["bands"] == (
         "40 parameter draws only (least_squares has no noise model: the "
         "expected observations)"

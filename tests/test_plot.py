@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import epifit
@@ -31,12 +32,38 @@ def is_png(path: Path) -> bool:
 
 def test_plot_a_fit(fit_file, tmp_path, capsys):
     out = tmp_path / "fit.png"
-    assert main(["plot", str(fit_file), "--out", str(out)]) == 0
+    # --samples 0: no draws, no model run (least squares: no bands at all)
+    assert main(["plot", str(fit_file), "--out", str(out), "--samples", "0"]) == 0
     assert is_png(out)
     assert capsys.readouterr().out.strip() == f"wrote {out}"
-    fig = plot_fit(fit_file)
+    # the predictive bands of the Gauss-Newton fit: 20 parameter draws
+    fig = plot_fit(fit_file, samples=20)
     titles = [ax.get_title() for ax in fig.axes]
     assert "in_bed — p0" in titles and "loss history" in titles
+    legend = " ".join(fig.legends[0].get_title().get_text().split())
+    # least squares has no noise model: the bands are over the draws only
+    assert "(in_bed, R_eff: 20 parameter draws only)" in legend
+    ax = fig.axes[titles.index("in_bed — p0")]
+    assert len(ax.collections) == 2  # the 95% and 50% bands
+    # the fitted curve lies inside the 95% band of the draws around it
+    fitted = epifit.open_dataset(fit_file)["predicted_in_bed"].values[:, 0]
+    (outer_lo, outer_hi) = _band_edges(ax.collections[0], fitted.size)
+    assert np.all(outer_lo <= fitted + 1e-9) and np.all(fitted <= outer_hi + 1e-9)
+    assert np.all(outer_hi - outer_lo > 0)
+    reff = fig.axes[titles.index("R_eff — p0")]
+    assert len(reff.collections) == 2
+    # the residual panel under the data: Pearson, scaled by the Gauss-Newton s
+    (res,) = [a for a in fig.axes if "residual" in a.get_ylabel()]
+    assert res.get_shared_x_axes().joined(res, ax)
+
+
+def _band_edges(band, n: int):
+    """The lower and upper edges of a `fill_between` over `n` days."""
+    v = band.get_paths()[0].vertices[:, 1]
+    # fill_between's path: start, the upper edge forwards, the lower backwards
+    upper = v[1 : n + 1]
+    lower = v[n + 2 : 2 * n + 2][::-1]
+    return np.minimum(lower, upper), np.maximum(lower, upper)
 
 
 def test_plot_a_simulation_with_patches(tmp_path, capsys):

@@ -26,6 +26,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         default=12,
         help="the most patches drawn when --patches is not given (default 12)",
     )
+    p.add_argument(
+        "--samples",
+        type=_flags.integer(0),
+        default=100,
+        help="a fit's predictive bands: parameter draws from its Laplace "
+        "approximation, each with its observation noise (default 100; 0: the "
+        "noise at the fitted mean only, no model run)",
+    )
+    p.add_argument(
+        "--seed", type=_flags.seed, default=0, help="seed of the draws (default 0)"
+    )
 
 
 def _run(a) -> int:
@@ -50,7 +61,14 @@ def _run(a) -> int:
 
             plot_profile(src, out)
         else:
-            plot_fit(src, out, patches=patches, max_patches=a.max_patches)
+            plot_fit(
+                src,
+                out,
+                patches=patches,
+                max_patches=a.max_patches,
+                samples=a.samples,
+                seed=a.seed,
+            )
     print(f"wrote {a.out}")
     return 0
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from epifit._figure import figure_legend
 from epifit._paths import save_figure
 from epifit.fitting._profile_result import Profile
 
@@ -24,18 +25,20 @@ def plot_profile(
     `PROFILE.nc`): `profile - minimum` against the parameter, the cut
     `chi2_1(level) / 2` as a line, the likelihood-ratio interval shaded, and
     the Laplace interval and its quadratic `(x - x̂)² / (2 se²)` (on the
-    transformed scale) dashed. Points where the inner minimisation did not
-    converge are marked with crosses.
+    transformed scale) dashed, the legend below the axes. Points where the
+    inner minimisation did not converge are marked with crosses.
 
     Returns:
         The `matplotlib.figure.Figure`; written atomically to `out` when given.
     """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
     if not isinstance(profile, Profile):
         profile = Profile.from_netcdf(Path(profile))
     p = profile
-    fig = Figure(figsize=(6.4, 4.2), layout="constrained")
+    fig = Figure(figsize=(6.4, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     ax.plot(p.grid, p.delta, "o-", color="C0", ms=3, label="profile (others re-fitted)")
     bad = ~p.converged
@@ -64,7 +67,7 @@ def plot_profile(
     top = max(3.0 * p.cut, float(np.nanmax(p.delta[np.isfinite(p.delta)])))
     ax.set_ylim(-0.05 * top, 1.05 * top)
     ax.set_xlabel(p.parameter)
-    ax.set_ylabel("profile minus its minimum")
+    ax.set_ylabel("Δ loss: profile − its minimum")
     sides = [
         s for s, ok in zip(("lower", "upper"), p.identifiable, strict=True) if not ok
     ]
@@ -72,7 +75,9 @@ def plot_profile(
     if sides:
         title += f" (not identifiable: {' and '.join(sides)} side)"
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    # below the axes, off the curve (a legend inside sat on the interval)
+    handles, labels = ax.get_legend_handles_labels()
+    figure_legend(fig, list(zip(handles, labels, strict=True)), fontsize=8)
     if out is not None:
         save_figure(fig, out)
     return fig

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import textwrap
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import xarray as xr
 
-from epifit._paths import save_figure
+from epifit._figure import cover_y, date_axis, figure_legend, short_bands, unit_label
+from epifit._paths import file_sha256, save_figure
 from epifit.data import PATCH, QUANTILE, SCENARIO, TIME
 
 __all__ = ["plot_forecast"]
@@ -22,10 +23,17 @@ REFF = "R_eff"  # drawn with a line at 1; its total is over all patches
 # a scenario's line style (and colour `C{i}`): a scenario that matches
 # another on some patches still shows beneath it
 STYLES = ("-", "--", "-.", ":")
+WINDOW = "0.965"  # the forecast window's background
+SHARED = {"color": "0.35", "ls": "-"}  # the days all scenarios share
 
 
 def _style(c: int) -> dict[str, Any]:
     return {"color": f"C{c % 10}", "ls": STYLES[c % len(STYLES)]}
+
+
+def _alpha(k: int, n: int) -> float:
+    """The fill of band `k` of `n` (outermost first): the outermost lightest."""
+    return 0.14 + 0.2 * k / max(n - 1, 1)
 
 
 def _bands(levels: np.ndarray) -> tuple[list[tuple[int, int]], int | None]:
@@ -51,20 +59,25 @@ def plot_forecast(
 ) -> Any:
     """Fan charts of a forecast: a block of small multiples per series (all
     patches together, then each chosen patch), every scenario in its own
-    colour in every panel, so scenario differences show at a glance.
+    colour and line style in every panel, so scenario differences show at a
+    glance.
 
-    Each panel shades the bands between symmetric quantiles (the outermost
-    lightest) per scenario, draws its median (else the point estimate) as a
-    line and the observations as points, with a dashed vertical line at the
-    forecast start. The x axis shows the forecast window and up to twice
-    as many days of data before it; each panel's y axis is fitted to the
-    forecast window (earlier data are drawn but do not set the scale). The
-    heading says what the bands are (parameter draws, and observation noise
-    for an observed series: the `bands` attribute of its variable), each
-    panel's title the short form; the legend sits below the panels, off the
-    data. A derived series (`[derived]` reading the state or covariates)
-    has no sum over patches: its panel for all patches draws the median of
-    each patch.
+    Each panel shades the bands between symmetric quantiles per scenario in
+    the scenario's colour (the outermost lightest, edged by thin lines of
+    its style), draws its median (else the point estimate) as a line and
+    the observations as points, and shades the forecast window. The x axis
+    shows the forecast window and up to twice as many days of data before
+    it; each panel's y axis covers everything drawn in that window (data,
+    bands, medians; 1 for `R_eff`, with a line there), so neither the data
+    nor the forecast is clipped (bands more than two spans of the rest
+    above it are cut, with a note of their top). The one legend sits below
+    the panels, off the data; its title says what the bands are (parameter
+    draws, and observation noise for an observed series: the `bands`
+    attribute of its variable), each panel's title the short form. The days
+    on which all scenarios' point estimates agree (the fit window, at
+    least) are drawn once, in grey. A derived series (`[derived]` reading
+    the state or covariates) has no sum over patches: its panel for all
+    patches draws the median of each patch.
 
     Args:
         source: a forecast Dataset or a `FORECAST.nc` path
@@ -103,31 +116,57 @@ def plot_forecast(
     ncols = min(columns, len(areas))
     per = -(-len(areas) // ncols)  # rows of panels per series
     fig = Figure(
-        figsize=(3.6 * ncols + 0.4, 2.5 * per * len(series) + 1.5),
+        figsize=(max(3.6 * ncols + 0.6, 6.0), 2.4 * per * len(series) + 1.6),
         layout="constrained",
     )
     FigureCanvasAgg(fig)
     axes = fig.subplots(per * len(series), ncols, squeeze=False, sharex=True)
+    spec = _spec(ds)
     for k, s in enumerate(series):
         for j in range(per * ncols):
             ax = axes[k * per + j // ncols, j % ncols]
             if j >= len(areas):
                 ax.remove()
-            elif areas[j] is None and s in derived:
+                continue
+            if areas[j] is None and s in derived:
                 _each_patch(ax, ds, s)
             else:
                 _panel(ax, ds, s, areas[j])
+            if j % ncols == 0:
+                ax.set_ylabel(unit_label(s, _observation(spec, s)), fontsize=8)
+            date_axis(ax, ds[TIME].values)
     _window(axes[0, 0], ds)
-    _legend(fig, ds)
-    head = (
-        f"{ds.attrs.get('model', '')} forecast: {ds.attrs.get('days', '')} days "
-        f"from {ds.attrs.get('forecast_start', '')}; {_band_note(ds, series)}"
+    _legend(fig, ds, series)
+    n = len(_scenarios(ds))
+    fig.suptitle(
+        f"{ds.attrs.get('model', '')}: {ds.attrs.get('days', '')}-day forecast "
+        f"from {ds.attrs.get('forecast_start', '')}, {n} scenario{'s' * (n > 1)}",
+        fontsize=10,
     )
-    width = int(11 * fig.get_figwidth())  # characters of 10 pt across the figure
-    fig.suptitle(textwrap.fill(head, max(width, 30)), fontsize=10)
     if out is not None:
         save_figure(fig, out)
     return fig
+
+
+def _spec(ds: xr.Dataset) -> Any:
+    """The model spec from the forecast's model file where it is still the
+    one forecast (its SHA-256 is `model_sha256`), else None (no units)."""
+    path = ds.attrs.get("model_file", "")
+    sha = ds.attrs.get("model_sha256", "")
+    if not path or not sha or not Path(path).is_file() or file_sha256(path) != sha:
+        return None
+    from epifit.model import load_model
+
+    try:
+        return load_model(path)
+    except (OSError, ValueError):
+        return None
+
+
+def _observation(spec: Any, s: str) -> Any:
+    if spec is None:
+        return None
+    return next((o for o in spec.observations if o.name == s), None)
 
 
 def _series(ds: xr.Dataset, series: Sequence[str] | None) -> Sequence[str]:
@@ -170,23 +209,23 @@ def _short(text: str) -> str:
 
 
 def _band_note(ds: xr.Dataset, series: Sequence[str]) -> str:
-    """What the bands of a forecast's panels are, for its heading: the
-    intervals drawn, and per group of series what they are over."""
+    """What the bands of a forecast's panels are, for the legend's title:
+    the intervals drawn, and per group of series what they are over."""
     levels = np.asarray(ds[QUANTILE].values, float)
     pairs, mid = _bands(levels)
     widths = [f"{100 * (levels[hi] - levels[lo]):g}%" for lo, hi in pairs]
     line = "median" if mid is not None else "point estimate"
     if not widths:
-        return f"no symmetric quantiles, no bands; line: the {line}"
+        return f"No symmetric quantiles, no bands; lines: the {line}."
     groups: dict[str, list[str]] = {}
     for s in series:
-        groups.setdefault(_bands_of(ds, s), []).append(s)
+        groups.setdefault(short_bands(_bands_of(ds, s)), []).append(s)
     cov = ds.attrs.get("covariance", "")
-    drawn = f" (covariance {cov})" if cov and int(ds.attrs.get("samples", 0)) else ""
-    over = "; ".join(f"{', '.join(names)}: over {t}" for t, names in groups.items())
+    drawn = f", covariance {cov}" if cov and int(ds.attrs.get("samples", 0)) else ""
+    over = "; ".join(f"{', '.join(names)}: {t}" for t, names in groups.items())
     return (
-        f"bands: central {', '.join(widths[::-1])} intervals{drawn}; {over}; "
-        f"line: the {line}"
+        f"Lines: the {line} of each scenario; bands: central "
+        f"{'/'.join(widths[::-1])} predictive intervals ({over}{drawn})."
     )
 
 
@@ -209,12 +248,13 @@ def _scenarios(ds: xr.Dataset) -> list[str]:
 
 def _panel(ax, ds: xr.Dataset, s: str, area: str | None) -> None:
     """One fan chart of series `s` in patch `area` (`None`: all patches
-    together), every scenario in its colour, the y axis fitted to the
-    forecast window."""
+    together), every scenario in its colour, the y axis over everything
+    drawn from the first day shown."""
     levels = np.asarray(ds[QUANTILE].values, float)
     pairs, mid = _bands(levels)
     t = ds[TIME].values
     start = int(ds.attrs.get("forecast_start_day", len(t)))
+    first = _first_shown(ds)
     obs = ds.get(f"observed_{s}")
     if area is None:
         q = ds[f"{s}_total"]
@@ -224,41 +264,64 @@ def _panel(ax, ds: xr.Dataset, s: str, area: str | None) -> None:
         q = ds[s].sel({PATCH: area})
         obs = None if obs is None else obs.sel({PATCH: area})
         where = area
-    window = []
-    for c, name in enumerate(_scenarios(ds)):
-        qs = np.asarray(q.sel({SCENARIO: name}).values, float)
-        for k, (lo, hi) in enumerate(pairs):
-            alpha = 0.12 + 0.18 * k / max(len(pairs) - 1, 1)
-            ax.fill_between(t, qs[lo], qs[hi], color=f"C{c % 10}", alpha=alpha, lw=0)
-        if mid is not None:
-            line = qs[mid]
-        else:
-            line = _estimate(ds, s, area, name)
-        ax.plot(t, line, lw=1.4, **_style(c))
-        window.append(qs[:, start:] if pairs else line[None, start:])
-    if s == REFF:
-        ax.axhline(1.0, color="0.5", ls=":", lw=1)
     if start < len(t):
+        ax.axvspan(t[start], t[-1], color=WINDOW, lw=0, zorder=0)
         ax.axvline(t[start], color="0.4", ls="--", lw=1)
-        _fit_y(ax, np.concatenate(window, axis=0), reff=s == REFF)
+    names = _scenarios(ds)
+    qss = [np.asarray(q.sel({SCENARIO: name}).values, float) for name in names]
+    lines = [
+        qs[mid] if mid is not None else _estimate(ds, s, area, name)
+        for qs, name in zip(qss, names, strict=True)
+    ]
+    # the days all scenarios share (the fit window, at least): drawn once,
+    # in grey, so each scenario's colour starts where it differs
+    split = _split(ds, s, area, names) if len(names) > 1 else 0
+    shown, outer = [], []
+    for c, (qs, line) in enumerate(zip(qss, lines, strict=True)):
+        style = _style(c)
+        if c == 0 and split > 0:
+            _fan(
+                ax, t[: split + 1], qs[:, : split + 1], line[: split + 1], pairs, SHARED
+            )
+        part = slice(max(split - 1, 0) if split else 0, None)
+        _fan(ax, t[part], qs[:, part], line[part], pairs, style)
+        shown.append(line[first:])
+        outer += [qs[[lo, hi], first:] for lo, hi in pairs]
+    if s == REFF:
+        ax.axhline(1.0, color="0.3", ls=":", lw=1)
     if obs is not None:
         y = np.asarray(obs.values, float)
-        top = ax.get_ylim()[1]
-        ax.plot(t, np.where(y <= top, y, np.nan), "o", ms=2.2, color="0.15", zorder=3)
-        above = y > top  # data off the forecast's scale: a mark on the top edge
-        above[: _first_shown(ds)] = False
-        if above.any():
-            ax.plot(
-                t[above],
-                np.full(above.sum(), top),
-                "^",
-                ms=3,
-                color="0.55",
-                clip_on=False,
-                zorder=3,
-            )
+        ax.plot(t, y, "o", ms=2.4, color="0.1", zorder=3)
+        shown.append(y[first:])
+    cover_y(ax, shown, lines=[1.0] if s == REFF else [], outer=outer)
     ax.set_title(f"{s} — {where} ({_short(_bands_of(ds, s))})", fontsize=8.5)
-    _ticks(ax)
+
+
+def _fan(ax, t, qs: np.ndarray, line: np.ndarray, pairs, style: dict) -> None:
+    """Bands between the quantile `pairs` of `qs` (the outermost lightest,
+    edged by thin lines of `style`) and `line` over them."""
+    for k, (lo, hi) in enumerate(pairs):
+        alpha = _alpha(k, len(pairs))
+        ax.fill_between(t, qs[lo], qs[hi], color=style["color"], alpha=alpha, lw=0)
+        if k == 0:  # the outermost band's edges: where scenarios overlap
+            for edge in (qs[lo], qs[hi]):
+                ax.plot(t, edge, lw=0.6, alpha=0.8, **style)
+    ax.plot(t, line, lw=1.8, **style)
+
+
+def _split(ds: xr.Dataset, s: str, area: str | None, names: list[str]) -> int:
+    """The first day on which some scenario's point estimate of `s` in
+    `area` differs from the first scenario's (the number of days they all
+    share): the point estimate, not the quantiles, whose noise draws differ
+    between scenarios even where their trajectories agree."""
+    if f"estimate_{s}" not in ds:
+        return 0
+    first = _estimate(ds, s, area, names[0])
+    same = np.ones(first.size, bool)
+    for name in names[1:]:
+        other = _estimate(ds, s, area, name)
+        same &= np.isclose(other, first, rtol=1e-9, atol=0.0, equal_nan=True)
+    return int(np.argmin(same)) if not same.all() else same.size
 
 
 def _estimate(ds: xr.Dataset, s: str, area: str | None, name: str) -> np.ndarray:
@@ -270,20 +333,6 @@ def _estimate(ds: xr.Dataset, s: str, area: str | None, name: str) -> np.ndarray
     else:
         est = est.sum(PATCH, min_count=1)
     return np.asarray(est.values, float)
-
-
-def _fit_y(ax, values: np.ndarray, *, reff: bool = False) -> None:
-    """The y axis over the forecast window's `values` (with 1 for `R_eff`),
-    from 0 when they are counts (all >= 0) not far from it."""
-    v = values[np.isfinite(values)]
-    if v.size == 0:
-        return
-    lo, hi = float(v.min()), float(v.max())
-    if reff:
-        lo, hi = min(lo, 1.0), max(hi, 1.0)
-    pad = 0.08 * (hi - lo) or 0.05 * abs(hi) or 1.0
-    bottom = 0.0 if not reff and 0.0 <= lo <= 0.5 * hi else lo - pad
-    ax.set_ylim(bottom, hi + pad)
 
 
 def _first_shown(ds: xr.Dataset) -> int:
@@ -300,49 +349,41 @@ def _window(ax, ds: xr.Dataset) -> None:
     ax.set_xlim(t[_first_shown(ds)], t[-1])
 
 
-def _legend(fig, ds: xr.Dataset) -> None:
-    """One legend for the figure, below the panels: each scenario's colour,
-    the intervals' shades, the observations and the forecast start."""
+def _legend(fig, ds: xr.Dataset, series: Sequence[str]) -> None:
+    """One legend for the figure, below the panels: each scenario's line
+    over its band in its colour, the intervals' shades, the observations
+    and the forecast window; its title says what the bands are."""
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
     levels = np.asarray(ds[QUANTILE].values, float)
     pairs, mid = _bands(levels)
     line = "median" if mid is not None else "point estimate"
-    handles = [
-        Line2D([], [], lw=2, label=f"{name} ({line})", **_style(c))
-        for c, name in enumerate(_scenarios(ds))
-    ]
+    entries: list[tuple[Any, str]] = []
+    for c, name in enumerate(_scenarios(ds)):
+        style = _style(c)
+        mark = Line2D([], [], lw=1.8, **style)
+        if pairs:  # the line over the scenario's band, in its colour
+            band = Patch(color=style["color"], alpha=_alpha(0, len(pairs)), lw=0)
+            mark = (band, mark)
+        entries.append((mark, f"{name} ({line})"))
+    if len(entries) > 1:
+        mark = Line2D([], [], lw=1.8, **SHARED)
+        if pairs:
+            mark = (
+                Patch(color=SHARED["color"], alpha=_alpha(0, len(pairs)), lw=0),
+                mark,
+            )
+        entries.append((mark, "all scenarios, where they agree"))
     for k, (lo, hi) in enumerate(pairs):
-        alpha = 0.12 + 0.18 * k / max(len(pairs) - 1, 1)
         width = f"{100 * (levels[hi] - levels[lo]):g}% interval"
-        handles.append(Patch(color="0.3", alpha=alpha, lw=0, label=width))
-    handles += [
-        Line2D([], [], ls="", marker="o", ms=3, color="0.15", label="observed"),
-        Line2D(
-            [],
-            [],
-            ls="",
-            marker="^",
-            ms=3,
-            color="0.55",
-            label="observed, above the forecast's scale",
-        ),
-        Line2D([], [], ls="--", color="0.4", lw=1, label="forecast start"),
-    ]
-    fig.legend(
-        handles=handles,
-        loc="outside lower center",
-        ncols=min(len(handles), 6),
-        fontsize=7.5,
-        frameon=False,
-    )
-
-
-def _ticks(ax) -> None:
-    ax.tick_params(labelsize=7)
-    for label in ax.get_xticklabels():
-        label.set_rotation(30)
+        shade = Patch(color="0.35", alpha=_alpha(k, len(pairs)), lw=0)
+        entries.append((shade, width))
+    if any(f"observed_{s}" in ds for s in series):
+        dot = Line2D([], [], ls="", marker="o", ms=3, color="0.1")
+        entries.append((dot, "observed"))
+    entries.append((Patch(color=WINDOW, lw=0), "forecast window"))
+    figure_legend(fig, entries, title=_band_note(ds, series))
 
 
 def _each_patch(ax, ds: xr.Dataset, s: str) -> None:
@@ -353,8 +394,12 @@ def _each_patch(ax, ds: xr.Dataset, s: str) -> None:
     _, mid = _bands(levels)
     t = ds[TIME].values
     start = int(ds.attrs.get("forecast_start_day", len(t)))
+    first = _first_shown(ds)
     what = "median" if mid is not None else "estimate"
-    window = []
+    if start < len(t):
+        ax.axvspan(t[start], t[-1], color=WINDOW, lw=0, zorder=0)
+        ax.axvline(t[start], color="0.4", ls="--", lw=1)
+    shown = []
     for c, name in enumerate(_scenarios(ds)):
         if mid is not None:
             ys = ds[s].sel({SCENARIO: name}).isel({QUANTILE: mid})
@@ -362,9 +407,6 @@ def _each_patch(ax, ds: xr.Dataset, s: str) -> None:
             ys = ds[f"estimate_{s}"].sel({SCENARIO: name})
         ys = np.asarray(ys.transpose(TIME, PATCH).values, float)
         ax.plot(t, ys, lw=0.8, alpha=0.6, **_style(c))
-        window.append(ys[start:])
-    if start < len(t):
-        ax.axvline(t[start], color="0.4", ls="--", lw=1)
-        _fit_y(ax, np.concatenate(window, axis=0))
+        shown.append(ys[first:])
+    cover_y(ax, shown)
     ax.set_title(f"{s} — {what} of {EACH}", fontsize=8.5)
-    _ticks(ax)
