@@ -1,16 +1,23 @@
 """Optimisation methods: one iteration each, with a common interface.
 
 Every method works on the flat free vector `x` and carries `(x, f, g)`: the
-point, its loss and its gradient. `step` proposes the next point and says
-whether its loss or gradient was non-finite; the driver (`_optimize.py`) then
-accepts it or retreats.
+point, its loss and its gradient. `step` is one trip of the driver's loop
+(`_optimize.py`) and evaluates the objective once, so a compiled chunk holds
+one copy of `value_and_grad` (or of the residual Jacobian); its `StepInfo`
+says whether the new point's loss or gradient was non-finite (the driver then
+retreats), whether the method is stuck and whether the trip counts as an
+iteration.
 
 * [`FirstOrder`][]: any `optax.GradientTransformation` (Adam, RMSprop, SGD
   with momentum, with schedules, or one given as a phase); the step is scaled
   by the driver's retreat factor.
-* [`LBFGS`][]: `optax.lbfgs()` with its zoom line search, given `value`,
-  `grad` and `value_fn`. The line search backs off from non-finite values by
-  itself; a failed step restarts the L-BFGS memory.
+* [`LBFGS`][]: L-BFGS with its line search as a state machine: each trip
+  evaluates one trial point `x + t d`, accepted on the Armijo condition,
+  else `t` shrinks (quadratic interpolation; halved after a non-finite
+  value); the first direction is scaled as optax scales it. Backtracking
+  trials are not iterations. It replaces `optax.lbfgs` with its zoom line
+  search, which evaluates `value_and_grad` at two sites (its first trial and
+  its zoom loop), so its chunk held two copies of the gradient.
 * [`LevenbergMarquardt`][]: damped Gauss-Newton on the residual vector, with
   the Jacobian from forward sensitivities ([`epifit.ode.jacobian`][]);
   `damping = 0` starts as pure Gauss-Newton.
