@@ -156,7 +156,7 @@ class Optimizer:
         under `eval_shape`, without compiled calls).
 
         Every leaf comes back strongly typed, as the chunk function returns
-        it: a weakly typed leaf (optax's L-BFGS starts its line-search info
+        it: a weakly typed leaf (optax's zoom line search started its info
         from Python scalars) would make the chunk's second call a cache miss
         and compile the whole chunk again.
         """
