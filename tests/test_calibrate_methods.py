@@ -185,3 +185,26 @@ def test_make_method_reads_options():
     m = make_method(PhaseConfig("lbfgs", 5, options=(("memory_size", 3),)))
     assert m.memory_size == 3
     assert make_method(PhaseConfig("gauss_newton", 5)).damping == 0.0
+
+
+def test_lbfgs_backtracking_trials_are_not_iterations():
+    """L-BFGS evaluates one trial point per loop trip; the trials its
+    backtracking rejects are not iterations: on Rosenbrock every recorded
+    iteration is a step that lowers the loss (Armijo), and there are more
+    evaluations than iterations."""
+    calls = []
+
+    class Counting(Toy):
+        def value_and_grad(self, x, data):
+            jax.debug.callback(lambda: calls.append(1))
+            return super().value_and_grad(x, data)
+
+    opt = Optimizer(Counting(rosenbrock), parse_phases(["lbfgs"]), OptimizeOptions())
+    out = opt.run(jnp.asarray([[-1.2, 1.0]]), None)
+    rec = out["record"]
+    loss, step = rec["history"]["loss"][0], rec["history"]["step"][0]
+    assert rec["statuses"] == [[GRADIENT]]
+    assert len(loss) == rec["iteration"] > 10
+    assert np.all(np.diff(np.concatenate([rec["initial_loss"], loss])) < 0)
+    assert np.all(step > 0)
+    assert len(calls) > rec["iteration"] + 1  # rejected trials, the start

@@ -96,8 +96,8 @@ def test_init_params_compiles_nothing():
     [
         # the method's state initialisation and the chunk
         (["adam"], 2),
-        # the loss and gradient at the start, the initialisation, the chunk
-        (["lbfgs"], 3),
+        # the initialisation and the chunk (its first trip evaluates the start)
+        (["lbfgs"], 2),
         # the residuals and Jacobian at the start, the initialisation, the chunk
         (["levenberg_marquardt"], 3),
         # one initialisation and one chunk per phase
@@ -140,16 +140,7 @@ def _chunk_and_evaluation_copies(problem, method, evaluation, monkeypatch):
     [
         ("adam", "value_and_grad"),
         ("levenberg_marquardt", "residuals_and_jacobian"),
-        pytest.param(
-            "lbfgs",
-            "value_and_grad",
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="optax's zoom line search evaluates value_and_grad at two "
-                "sites (its first trial point and its zoom loop): the L-BFGS chunk "
-                "holds two copies (issue 21)",
-            ),
-        ),
+        ("lbfgs", "value_and_grad"),
     ],
 )
 def test_chunk_holds_one_evaluation_site(sir, method, evaluation, monkeypatch):

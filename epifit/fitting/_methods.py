@@ -1,16 +1,23 @@
 """Optimisation methods: one iteration each, with a common interface.
 
 Every method works on the flat free vector `x` and carries `(x, f, g)`: the
-point, its loss and its gradient. `step` proposes the next point and says
-whether its loss or gradient was non-finite; the driver (`_optimize.py`) then
-accepts it or retreats.
+point, its loss and its gradient. `step` is one trip of the driver's loop
+(`_optimize.py`) and evaluates the objective once, so a compiled chunk holds
+one copy of `value_and_grad` (or of the residual Jacobian); its `StepInfo`
+says whether the new point's loss or gradient was non-finite (the driver then
+retreats), whether the method is stuck and whether the trip counts as an
+iteration.
 
 * [`FirstOrder`][]: any `optax.GradientTransformation` (Adam, RMSprop, SGD
   with momentum, with schedules, or one given as a phase); the step is scaled
   by the driver's retreat factor.
-* [`LBFGS`][]: `optax.lbfgs()` with its zoom line search, given `value`,
-  `grad` and `value_fn`. The line search backs off from non-finite values by
-  itself; a failed step restarts the L-BFGS memory.
+* [`LBFGS`][]: L-BFGS with its line search as a state machine: each trip
+  evaluates one trial point `x + t d`, accepted on the Armijo condition,
+  else `t` shrinks (quadratic interpolation; halved after a non-finite
+  value); the first direction is scaled as optax scales it. Backtracking
+  trials are not iterations. It replaces `optax.lbfgs` with its zoom line
+  search, which evaluates `value_and_grad` at two sites (its first trial and
+  its zoom loop), so its chunk held two copies of the gradient.
 * [`LevenbergMarquardt`][]: damped Gauss-Newton on the residual vector, with
   the Jacobian from forward sensitivities ([`epifit.ode.jacobian`][]);
   `damping = 0` starts as pure Gauss-Newton.
@@ -19,7 +26,7 @@ accepts it or retreats.
 from __future__ import annotations
 
 import abc
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -42,6 +49,9 @@ __all__ = [
 class StepInfo(NamedTuple):
     nonfinite: jax.Array  # the proposed point's loss or gradient is not finite
     stuck: jax.Array  # the method cannot make progress from here (converged)
+    # the trip is an iteration (counted towards the budgets and the patience):
+    # L-BFGS's backtracking trials are not
+    counted: jax.Array | bool = True
 
 
 def _finite(f, g):
@@ -50,7 +60,13 @@ def _finite(f, g):
 
 class AbstractMethod(eqx.Module):
     """One optimisation method. `fun` is the fit objective (with `loss`,
-    `value_and_grad`, `residuals_and_jacobian`), `data` its traced data."""
+    `value_and_grad`, `residuals_and_jacobian`), `data` its traced data.
+
+    A method with `evaluates_start` takes `step(..., fresh=...)`: with
+    `fresh`, the phase's first trip evaluates the starting point itself (so
+    a first phase needs no program of its own for it)."""
+
+    evaluates_start: ClassVar[bool] = False
 
     @abc.abstractmethod
     def init(self, x, f, g, fun, data) -> tuple[Any, Any, Any]:
@@ -83,6 +99,7 @@ class FirstOrder(AbstractMethod):
     """An optax first-order transformation; `x <- x + scale * update`."""
 
     transform: optax.GradientTransformation = eqx.field(static=True)
+    evaluates_start: ClassVar[bool] = True
 
     def init(self, x, f, g, fun, data):
         return self.transform.init(x), f, g
@@ -96,53 +113,156 @@ class FirstOrder(AbstractMethod):
         state = jax.tree.map(lambda a, b: jnp.where(fresh, a, b), state, new)
         f_new, g_new = fun.value_and_grad(x_new, data)
         nonfinite = ~_finite(f_new, g_new)
-        return x_new, f_new, g_new, state, StepInfo(nonfinite, jnp.asarray(False))
+        info = StepInfo(nonfinite, jnp.asarray(False), jnp.asarray(True))
+        return x_new, f_new, g_new, state, info
+
+
+class LBFGSState(NamedTuple):
+    """L-BFGS between loop trips: the memory (circular, the newest pair at
+    `(count - 1) % memory_size`; empty slots have `rho = 0`), the search
+    direction from the current point and the step of the next trial."""
+
+    s: jax.Array  # (memory, n) accepted steps x_{k+1} - x_k
+    y: jax.Array  # (memory, n) their gradient changes g_{k+1} - g_k
+    rho: jax.Array  # (memory,) 1 / (s . y); 0 in an empty slot
+    count: jax.Array  # pairs stored since the last restart
+    gamma: jax.Array  # s . y / y . y of the newest pair: the initial scale
+    d: jax.Array  # (n,) the search direction from x
+    t: jax.Array  # the step of the next trial point x + t d
+    rejected: jax.Array  # trials rejected in a row along d
 
 
 class LBFGS(AbstractMethod):
-    """`optax.lbfgs` with a zoom line search."""
+    """L-BFGS as a step function: one evaluation of `value_and_grad` per loop
+    trip, at the trial point `x + t d`.
+
+    The direction `d = -H g` comes from the two-loop recursion over the last
+    `memory_size` pairs `(s, y)` with the initial scale `gamma = s.y / y.y`
+    of the newest pair; with an empty memory it is the gradient scaled as
+    optax scales its first step, `d = -g min(1, 1 / |g|_2)`. A trial is
+    accepted when its loss and gradient are finite and it decreases the loss
+    enough (Armijo, `c1 = 1e-4`); the pair enters the memory only when its
+    curvature `s.y` is positive (relative to `|s| |y|`), and the next trial is
+    `t = 1` along the new direction. A rejected finite trial shrinks `t` to
+    the minimiser of the quadratic through `f`, `g.d` and the trial's loss,
+    clipped to `[0.1 t, 0.5 t]`; a non-finite one halves it and is reported
+    to the driver as non-finite (a retreat). After `max_linesearch_steps`
+    rejections in a row the memory restarts (the next direction is the scaled
+    gradient); if the memory was already empty, the method is stuck.
+
+    A trip counts as an iteration when it is accepted or non-finite
+    (`StepInfo.counted`): backtracking trials are part of an iteration, as in
+    a line search, and do not use up the iteration budget or the patience.
+    """
 
     memory_size: int = eqx.field(static=True, default=10)
     max_linesearch_steps: int = eqx.field(static=True, default=30)
+    c1: float = eqx.field(static=True, default=1e-4)
+    evaluates_start: ClassVar[bool] = True
 
-    @property
-    def transform(self) -> optax.GradientTransformationExtraArgs:
-        return optax.lbfgs(
-            memory_size=self.memory_size,
-            linesearch=optax.scale_by_zoom_linesearch(
-                max_linesearch_steps=self.max_linesearch_steps,
-                initial_guess_strategy="one",
-            ),
-        )
+    def _direction(self, g, s, y, rho, count, gamma):
+        """`-H g` by the two-loop recursion (newest pair first)."""
+        m = self.memory_size
+        order = (count - 1 - jnp.arange(m)) % m
+        scale = jnp.where(count > 0, gamma, _first_scale(g))
+
+        def newest_first(q, i):
+            a = rho[i] * jnp.dot(s[i], q)
+            return q - a * y[i], a
+
+        q, alpha = jax.lax.scan(newest_first, g, order)
+
+        def oldest_first(r, ia):
+            i, a = ia
+            b = rho[i] * jnp.dot(y[i], r)
+            return r + (a - b) * s[i], None
+
+        r, _ = jax.lax.scan(oldest_first, scale * q, (order[::-1], alpha[::-1]))
+        return -r
 
     def init(self, x, f, g, fun, data):
-        return self.transform.init(x), f, g
-
-    def step(self, x, f, g, state, scale, fun, data):
-        tx = self.transform
-        u, new = tx.update(
-            g, state, x, value=f, grad=g, value_fn=lambda y: fun.loss(y, data)
+        n, m = x.shape[0], self.memory_size
+        zeros = jnp.zeros((m, n), x.dtype)
+        one = jnp.ones((), x.dtype)
+        zero = jnp.zeros((), jnp.int32)
+        state = LBFGSState(
+            zeros,
+            zeros,
+            jnp.zeros((m,), x.dtype),
+            zero,
+            one,
+            -_first_scale(g) * g,
+            one,
+            zero,
         )
-        x_new = x + u
-        f_new = optax.tree_utils.tree_get(new, "value")
-        g_new = optax.tree_utils.tree_get(new, "grad")
-        # A line search that found no decrease returns a zero step. If it met
-        # only non-finite values (its decrease error is infinite) that is a
-        # failed step to retreat from; otherwise the loss cannot decrease
-        # along this direction: restart the memory (the next direction is the
-        # scaled gradient) rather than repeat it.
-        no_step = jnp.all(u == 0)
-        info = optax.tree_utils.tree_get(new, "info")
-        nonfinite = ~_finite(f_new, g_new) | (no_step & jnp.isinf(info.decrease_error))
-        fresh = tx.init(x)
-        new = jax.tree.map(lambda a, b: jnp.where(no_step, a, b), fresh, new)
-        f_new = jnp.where(no_step, f, f_new)
-        g_new = jnp.where(no_step, g, g_new)
-        x_new = jnp.where(no_step, x, x_new)
-        return x_new, f_new, g_new, new, StepInfo(nonfinite, jnp.asarray(False))
+        return state, f, g
+
+    def step(self, x, f, g, state, scale, fun, data, fresh=False):
+        """One trial; with `fresh` (the phase's first evaluation) the trial is
+        `x` itself, accepted when finite, and the first direction is set."""
+        st, fresh = state, jnp.asarray(fresh)
+        t = jnp.where(fresh, jnp.zeros_like(st.t), st.t)
+        x_t = x + t * st.d
+        f_t, g_t = fun.value_and_grad(x_t, data)
+        finite = _finite(f_t, g_t)
+        gd = jnp.dot(g, st.d)
+        accept = finite & (fresh | (f_t <= f + self.c1 * t * gd))
+
+        # the pair enters the memory if its curvature is positive
+        s, y = x_t - x, g_t - g
+        sy, yy = jnp.dot(s, y), jnp.dot(y, y)
+        tiny = jnp.finfo(x.dtype).eps * jnp.sqrt(jnp.dot(s, s) * yy)
+        store = accept & ~fresh & (sy > tiny)
+        i = st.count % self.memory_size
+        put = lambda mem, v: jnp.where(store, mem.at[i].set(v), mem)  # noqa: E731
+        S, Y = put(st.s, s), put(st.y, y)
+        rho = put(st.rho, 1.0 / jnp.where(store, sy, 1.0))
+        count = jnp.where(store, st.count + 1, st.count)
+        gamma = jnp.where(store, sy / jnp.where(store, yy, 1.0), st.gamma)
+
+        # a rejected trial: a shorter step along d; too many: restart or stuck
+        denominator = 2.0 * (f_t - f - gd * t)
+        quadratic = -gd * t * t / denominator
+        quadratic = jnp.where(denominator > 0, quadratic, 0.5 * t)
+        shorter = jnp.where(finite, jnp.clip(quadratic, 0.1 * t, 0.5 * t), 0.5 * t)
+        exhausted = ~accept & (st.rejected + 1 >= self.max_linesearch_steps)
+        restart = exhausted & (st.count > 0)
+        stuck = exhausted & (st.count == 0)
+        rho = jnp.where(restart, jnp.zeros_like(rho), rho)
+        count = jnp.where(restart, 0, count)
+
+        # the next direction, at the new point (accepted) or the old (restart)
+        g_dir = jnp.where(accept, g_t, g)
+        d = self._direction(g_dir, S, Y, rho, count, gamma)
+        descent = (jnp.dot(g_dir, d) < 0) & jnp.all(jnp.isfinite(d))
+        rho = jnp.where(descent, rho, jnp.zeros_like(rho))
+        count = jnp.where(descent, count, 0)
+        d = jnp.where(descent, d, -_first_scale(g_dir) * g_dir)
+
+        new_dir = accept | restart
+        state = LBFGSState(
+            S,
+            Y,
+            jnp.where(new_dir, rho, st.rho),
+            jnp.where(new_dir, count, st.count).astype(jnp.int32),
+            gamma,
+            jnp.where(new_dir, d, st.d),
+            jnp.where(new_dir, jnp.ones_like(t), jnp.where(stuck, st.t, shorter)),
+            jnp.where(new_dir, 0, st.rejected + 1).astype(jnp.int32),
+        )
+        x_new = jnp.where(accept, x_t, x)
+        f_new = jnp.where(accept, f_t, f)
+        g_new = jnp.where(accept, g_t, g)
+        info = StepInfo(~finite, stuck, accept | ~finite)
+        return x_new, f_new, g_new, state, info
 
     def on_nonfinite(self, old_state, new_state, x):
-        return self.transform.init(x)
+        return new_state  # the halved step along the same direction
+
+
+def _first_scale(g):
+    """optax's scale of the first L-BFGS step: `min(1, 1 / |g|_2)`."""
+    return jnp.minimum(1.0, 1.0 / jnp.sqrt(jnp.dot(g, g))).astype(g.dtype)
 
 
 class LMState(NamedTuple):
@@ -198,7 +318,7 @@ class LevenbergMarquardt(AbstractLeastSquaresMethod):
         state = LMState(r_new, J_new, lam_new)
         # a rejected candidate leaves a finite (x, f, g); report non-finite
         # candidates so that persistent failures stop the fit
-        return x_new, f_new, g_new, state, StepInfo(~finite, stuck)
+        return x_new, f_new, g_new, state, StepInfo(~finite, stuck, jnp.asarray(True))
 
     def on_nonfinite(self, old_state, new_state, x):
         return new_state  # keeps the larger damping

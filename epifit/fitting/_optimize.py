@@ -10,9 +10,17 @@ never change the numbers: an iteration is the same compiled computation
 whichever chunk it falls in, so a run resumed from a checkpoint reproduces an
 uninterrupted one exactly.
 
+An iteration is one trip of the loop (one evaluation of the objective) that
+the method counts (`StepInfo.counted`): every trip of the first-order methods
+and Levenberg-Marquardt; for L-BFGS an accepted step or a retreat from a
+non-finite trial point, not a trial that its backtracking rejects (those are
+part of an iteration, as in a line search). Phase `iterations`,
+`max_iterations`, `patience`, the histories and the checkpoint intervals all
+count iterations.
+
 Robustness: a step whose loss or gradient is not finite is rejected; the state
-retreats to the last good point and the step is halved (first-order methods),
-the L-BFGS memory restarts or the Levenberg-Marquardt damping grows. After
+retreats to the last good point and the step is halved (first-order methods
+and the L-BFGS trial step) or the Levenberg-Marquardt damping grows. After
 `max_retreats` rejections in a row the start stops, keeping its last good state.
 
 Every start also carries the best point it has seen (`Carry.best_x`,
@@ -42,7 +50,6 @@ from epifit.fitting._diagnose import NonFiniteStartError
 from epifit.fitting._methods import (
     AbstractLeastSquaresMethod,
     AbstractMethod,
-    FirstOrder,
     make_method,
 )
 
@@ -76,7 +83,7 @@ class Carry(eqx.Module):
     n_flat: jax.Array  # consecutive iterations with a small loss change
     iteration: jax.Array  # iterations done in this phase
     status: jax.Array
-    fresh: jax.Array  # (first-order methods) not evaluated yet: evaluate, no step
+    fresh: jax.Array  # (`evaluates_start` methods) not evaluated yet: evaluate, no step
     best_x: jax.Array  # the point of the lowest finite loss seen (all phases)
     best_f: jax.Array  # that loss (inf before the first finite one)
 
@@ -149,7 +156,7 @@ class Optimizer:
         under `eval_shape`, without compiled calls).
 
         Every leaf comes back strongly typed, as the chunk function returns
-        it: a weakly typed leaf (optax's L-BFGS starts its line-search info
+        it: a weakly typed leaf (optax's zoom line search started its info
         from Python scalars) would make the chunk's second call a cache miss
         and compile the whole chunk again.
         """
@@ -194,15 +201,18 @@ class Optimizer:
         gtol, ftol, patience = _phase_settings(self.phases[p], self.options)
         max_retreats = self.options.max_retreats
 
-        first_order = isinstance(method, FirstOrder)
+        evaluates_start = method.evaluates_start
 
         def iterate(c: Carry, data) -> tuple[Carry, tuple]:
-            kw = {"fresh": c.fresh} if first_order else {}
+            kw = {"fresh": c.fresh} if evaluates_start else {}
             x, f, g, state, info = method.step(
                 c.x, c.f, c.g, c.state, c.scale, fun, data, **kw
             )
-            f_eval, g_eval = f, g
+            f_eval, g_eval, state_eval = f, g, state
             bad = info.nonfinite
+            # a trip that is not an iteration (an L-BFGS backtracking trial)
+            # leaves the iteration count and the patience as they were
+            counted = jnp.asarray(info.counted)
             keep = lambda new, old: jnp.where(bad, old, new)  # noqa: E731
             x, f, g = keep(x, c.x), keep(f, c.f), keep(g, c.g)
             fallback = method.on_nonfinite(c.state, state, c.x)
@@ -211,7 +221,9 @@ class Optimizer:
             n_bad = jnp.where(bad, c.n_bad + 1, 0)
             size = jnp.maximum(1.0, jnp.abs(f))
             flat = jnp.abs(c.f - f) <= ftol * size
-            n_flat = jnp.where(bad, c.n_flat, jnp.where(flat, c.n_flat + 1, 0))
+            n_flat = jnp.where(
+                bad | ~counted, c.n_flat, jnp.where(flat, c.n_flat + 1, 0)
+            )
             gnorm = jnp.max(jnp.abs(g)) if g.size else jnp.zeros((), f.dtype)
             status = jnp.where(
                 n_bad >= max_retreats,
@@ -227,18 +239,19 @@ class Optimizer:
                 ),
             ).astype(jnp.int32)
             step = jnp.sqrt(jnp.sum(jnp.square(x - c.x)))
-            best, it = (c.best_x, c.best_f), c.iteration + 1
+            best = (c.best_x, c.best_f)
+            it = c.iteration + counted.astype(c.iteration.dtype)
             new = Carry(
                 x, f, g, state, scale, n_bad, n_flat, it, status, c.fresh, *best
             )
-            if first_order:
+            if evaluates_start:
                 # the first evaluation of a phase: the loss and gradient at x,
-                # no step, no iteration counted
+                # no step, no iteration counted; the method's state from them
                 initial = Carry(
                     c.x,
                     f_eval,
                     g_eval,
-                    c.state,
+                    state_eval,
                     c.scale,
                     c.n_bad,
                     c.n_flat,
@@ -359,7 +372,7 @@ class Optimizer:
         n_starts = xs.shape[0]
         if resume is None:
             first = self.methods[0]
-            if isinstance(first, FirstOrder):
+            if first.evaluates_start:
                 # the first chunk's executable evaluates the starting points
                 carry = self.start_phase(0, xs, None, None, data, fresh=True)
                 carry, _ = self._chunk_fn(0)(carry, data, np.int32(0))
