@@ -192,7 +192,11 @@ def test_restart_from_a_fit(fit):
     )
     assert res.iterations <= 6
     assert res.initial_losses[0] == pytest.approx(fit.loss, rel=1e-12)
-    assert res.parameters == pytest.approx(fit.parameters, rel=1e-9)
+    # it does not leave the optimum: the loss stays, and the parameters move
+    # only within the precision the first fit's stopping rule left them at
+    # (measured 1.05e-9 relative for beta on one CPU, below 1e-9 on another)
+    assert res.loss <= fit.loss * (1 + 1e-12)
+    assert res.parameters == pytest.approx(fit.parameters, rel=1e-8)
     with pytest.raises(TypeError, match="For constrained values use values="):
         epifit.calibrate(MODEL, DATA, init={"beta": 2.0}, progress=False)
 
