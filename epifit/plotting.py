@@ -25,6 +25,7 @@ from epifit._figure import (
     unit_label,
 )
 from epifit._paths import save_figure
+from epifit._plot_parts import _draw_loss, _fitted_values, _heading, _pct
 from epifit._schema import PATCH, TIME
 
 __all__ = ["plot_fit", "select_patches"]
@@ -114,33 +115,21 @@ def plot_fit(
     """Draw a fit (`FIT.nc`) or a simulation against its data.
 
     One block of panels per observed series, then `R_eff` (with a line at
-    1) and each derived series (`[derived]` reading the state or
-    covariates) where the file has them, one panel per patch (small
-    multiples, or the chosen `patches`): the model at the fitted parameters
-    as a line and the observations as dots; under each panel of an observed
-    series of a fit, its residuals (Pearson, `(observed - fitted) / sd` with
-    the sd of the series' noise model, or of the Gauss-Newton residual
-    variance for least squares; else `observed - fitted`); a last panel with
-    the loss history.
+    1) and each derived series, one panel per patch (small multiples, or
+    the chosen `patches`): the model at the fitted parameters as a line,
+    the observations as dots; under each observed series of a fit its
+    Pearson residuals (`(observed - fitted) / sd` by the series' noise
+    model; else `observed - fitted`); a last panel with the loss history.
 
     The bands of a fit with a covariance are predictive: the central 50%
-    and 95% intervals over `samples` parameter draws from its Laplace
-    approximation, each draw with its observation noise (poisson, negative
-    binomial, gaussian; least-squares series over the draws only), and the
-    same draws give `R_eff` its band; they are computed by
-    [`forecast`][epifit.forecasting.forecast] over the data's days, which
-    needs the fit's data file and compiles the model once. Without draws
-    (`samples=0`, no covariance, or the data not found) a series with a
-    noise model gets the central 95% interval of its noise at the fitted
-    mean. The legend, below the panels, says which. Each panel's y axis
-    covers the data, the line and the bands, unless the bands reach more
-    than two spans of the data and line above them (the wild draws of a
-    poorly determined fit): then it stops there, with a note of their top.
-
-    Cost: a file is read whole into memory; drawing makes one matplotlib axes
-    (two with residuals) per series and patch drawn (at most `max_patches`
-    patches unless chosen), so a figure of many patches is slow to build and
-    to save; the draws cost one compiled ensemble run of the model.
+    and 95% intervals over `samples` draws from its Laplace approximation,
+    each with its observation noise (least-squares series: the draws only),
+    by [`forecast`][epifit.forecasting.forecast] over the data's days (one
+    compile of the model). Without draws a series with a noise model gets
+    the 95% interval of its noise at the fitted mean; the legend says which.
+    Bands reaching over two spans above the data and line are cut there,
+    with a note of their top. Cost: one axes (two with residuals) per series
+    and patch drawn, at most `max_patches` patches unless chosen.
 
     Args:
         source: a dataset, or a netCDF file from `epifit calibrate` or
@@ -429,50 +418,6 @@ def _draw_residuals(
     date_axis(ax, t)
 
 
-def _draw_loss(ax: Any, ds: xr.Dataset) -> None:
-    """The loss per iteration (log scale when it spans a decade), with dotted
-    lines where the optimiser's phase changes."""
-    loss = np.asarray(ds["loss_history"].values, float)
-    it = np.arange(1, loss.size + 1)
-    finite = loss[np.isfinite(loss)]
-    ax.plot(it, loss, "-", color="C3", lw=1.4)
-    if finite.size and finite.min() > 0 and finite.max() > 10 * finite.min():
-        ax.set_yscale("log")
-    if "phase_history" in ds:
-        phase = np.asarray(ds["phase_history"].values)
-        for i in np.flatnonzero(np.diff(phase)) + 1:
-            ax.axvline(i + 0.5, color="0.6", ls=":", lw=1)
-    ax.set_xlabel("iteration", fontsize=8)
-    ax.set_ylabel("loss", fontsize=8)
-    ax.set_title("loss history", fontsize=9)
-    ax.tick_params(labelsize=7)
-
-
-def _fitted_values(ds: xr.Dataset) -> dict[str, np.ndarray]:
-    """The fitted values by parameter name from the file's table (`estimate`
-    per `parameter`), per-patch ones as `(patch,)` arrays."""
-    names = [str(v) for v in ds["parameter_name"].values]
-    estimates = np.asarray(ds["estimate"].values, float)
-    out: dict[str, list[float]] = {}
-    for name, v in zip(names, estimates, strict=True):
-        out.setdefault(name, []).append(float(v))
-    return {k: np.asarray(v[0] if len(v) == 1 else v) for k, v in out.items()}
-
-
-def _heading(ds: xr.Dataset, note: str) -> str:
-    """One line: `model: fit to DATA (loss 1.23); note`."""
-    kind = ds.attrs.get("epifit_kind", "simulation")
-    head = str(ds.attrs.get("model", ""))
-    if kind == "fit":
-        data = Path(str(ds.attrs.get("data_file", ""))).name
-        head += f": fit to {data}" if data else ": fit"
-        if "loss" in ds.attrs:
-            head += f" (loss {float(ds.attrs['loss']):.6g})"
-    else:
-        head = f"{head}: {kind}" if head else kind
-    return f"{head}; {note}" if note else head
-
-
 def _handles(ds: xr.Dataset, bands: dict, spec: Any) -> list[tuple[Any, str]]:
     """The legend's entries: the line, the dots, each band width and the
     line at 1 where drawn."""
@@ -491,10 +436,6 @@ def _handles(ds: xr.Dataset, bands: dict, spec: Any) -> list[tuple[Any, str]]:
     if REFF in ds:
         entries.append((Line2D([], [], color="0.35", ls=":", lw=1), "R_eff = 1"))
     return entries
-
-
-def _pct(width: str) -> float:
-    return float(width.rstrip("%"))
 
 
 def _explain(ds: xr.Dataset, bands: dict, spec: Any, why: str) -> str:

@@ -52,6 +52,7 @@ from epifit.fitting._methods import (
     AbstractMethod,
     make_method,
 )
+from epifit.fitting._optimize_parts import _append, new_record
 
 __all__ = [
     "Carry",
@@ -456,9 +457,6 @@ class Optimizer:
         return dict(carry=carry, record=rec, stop_reason=stop_reason)
 
 
-HISTORY = ("loss", "grad_norm", "step")
-
-
 def _track_best(old: Carry, new: Carry) -> Carry:
     """`new` with the best point seen updated from its `(x, f)`."""
     improved = jnp.isfinite(new.f) & (new.f < old.best_f)
@@ -484,29 +482,3 @@ def _strong(tree):
 
 def _finite(f, g):
     return np.isfinite(np.asarray(f)) & np.all(np.isfinite(np.asarray(g)), axis=1)
-
-
-def new_record(n_starts: int, initial_loss: np.ndarray) -> dict:
-    """The host-side record of a run (all NumPy, saved in checkpoints)."""
-    return {
-        "phase": 0,
-        "phase_iteration": 0,
-        "iteration": 0,
-        "history": {
-            k: [np.zeros((0,)) for _ in range(n_starts)] for k in (*HISTORY, "phase")
-        },
-        "initial_loss": np.asarray(initial_loss, np.float64),
-        "statuses": [],
-        "elapsed": 0.0,
-    }
-
-
-def _append(rec: dict, buf, counts, p: int) -> None:
-    """Append each start's iterations of a chunk to its history."""
-    hist = rec["history"]
-    arrays = [np.asarray(b) for b in buf]
-    for s, c in enumerate(counts):
-        c = int(c)
-        for key, b in zip(HISTORY, arrays, strict=True):
-            hist[key][s] = np.concatenate([hist[key][s], b[s, :c]])
-        hist["phase"][s] = np.concatenate([hist["phase"][s], np.full((c,), float(p))])

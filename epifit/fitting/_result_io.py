@@ -26,13 +26,19 @@ from epifit.data import PATCH, TIME, DataError, open_dataset
 from epifit.fitting._config import parse_fit_config
 from epifit.fitting._overrides import override_spec
 from epifit.fitting._priors import check_prior_records
+from epifit.fitting._result_io_parts import (
+    TABLE_VARS,
+    _damaged,
+    _json_attr,
+    _prefixed,
+    _stored_table,
+)
 from epifit.model import as_model, compile_model, loads_model
 from epifit.simulation import Problem
 
 __all__ = ["KIND", "TABLE_VARS", "fit_dataset", "fit_fields", "read_fit"]
 
 KIND = "fit"
-TABLE_VARS = ("estimate", "se", "lower", "upper")
 
 
 # ------------------------------------------------------------------ writing
@@ -277,13 +283,6 @@ REQUIRED_VARS = (
 REQUIRED_ATTRS = ("loss", "iterations", "converged")
 
 
-def _damaged(where, why: str) -> DataError:
-    return DataError(
-        f"{where} is not a complete epifit fit file: {why}; write it again with "
-        "`epifit calibrate`."
-    )
-
-
 def _check_stored(ds: xr.Dataset, where) -> None:
     """Every variable and attribute a fit file holds, of consistent shapes and
     counts, and the stored model text the one its `model_sha256` names."""
@@ -364,14 +363,6 @@ def _check_model_text(ds: xr.Dataset, where) -> None:
         )
 
 
-def _json_attr(ds: xr.Dataset, where, name: str) -> Any:
-    """A JSON attribute (`{}` when absent)."""
-    try:
-        return json.loads(ds.attrs.get(name, "{}"))
-    except (TypeError, ValueError) as e:
-        raise _damaged(where, f"attribute '{name}' is not JSON ({e})") from None
-
-
 def _stored_spec(ds: xr.Dataset, where, model, name: str):
     """The model spec: the model given, else the model text in the file."""
     if model is not None:
@@ -438,19 +429,6 @@ def _stored_data_file(ds: xr.Dataset, folder: Path | None) -> str | None:
     return None
 
 
-def _stored_table(ds: xr.Dataset) -> list[dict]:
-    return [
-        dict(
-            label=str(lab),
-            name=str(ds["parameter_name"].values[i]),
-            patch=str(ds["parameter_patch"].values[i]),
-            kind=str(ds["parameter_kind"].values[i]),
-            **{k: float(ds[k].values[i]) for k in TABLE_VARS},
-        )
-        for i, lab in enumerate(ds["parameter"].values)
-    ]
-
-
 def _stored_fields(ds: xr.Dataset, where) -> dict[str, Any]:
     """The fields stored as variables and attributes as they are."""
     cov = np.asarray(ds["covariance"].values, np.float64)
@@ -509,9 +487,3 @@ def _stored_notes(ds: xr.Dataset, where) -> list[str]:
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
         raise _damaged(where, "attribute 'notes' is not a JSON list of strings")
     return notes
-
-
-def _prefixed(attrs: dict, prefix: str, convert) -> dict[str, Any]:
-    return {
-        k[len(prefix) :]: convert(v) for k, v in attrs.items() if k.startswith(prefix)
-    }

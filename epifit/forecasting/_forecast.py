@@ -14,7 +14,6 @@ import numpy as np
 import xarray as xr
 from jax.flatten_util import ravel_pytree
 
-from epifit._memory import check_memory
 from epifit._paths import file_sha256
 from epifit.data import FEATURE
 from epifit.fitting import FitResult, problem_labels
@@ -25,6 +24,7 @@ from epifit.forecasting._ensemble import (
     iter_ensemble,
     param_template,
 )
+from epifit.forecasting._forecast_checks import _check_numbers, _horizon
 from epifit.forecasting._horizon import Horizon
 from epifit.forecasting._output import KIND, forecast_dataset, forecast_summary
 from epifit.forecasting._posterior_draws import (
@@ -33,7 +33,6 @@ from epifit.forecasting._posterior_draws import (
     posterior_fit,
 )
 from epifit.forecasting._predictive import (
-    NOISE_SAMPLES,
     NoisePlan,
     label_bands,
     noise_plan,
@@ -320,45 +319,6 @@ def _own_fit(fit, posterior, data):
     return own, fit, None, prov
 
 
-def _check_numbers(days, samples, seed, quantiles) -> np.ndarray:
-    """Check the counts; return the quantile levels as an array."""
-    for name, v, lo in (("days", days, 0), ("samples", samples, 0), ("seed", seed, 0)):
-        if isinstance(v, bool) or not isinstance(v, int | np.integer) or v < lo:
-            raise ValueError(f"{name} must be an integer >= {lo}; got {v!r}.")
-    q = np.asarray(quantiles, np.float64).ravel()
-    if q.size == 0 or np.any((q < 0) | (q > 1)) or np.any(np.diff(q) <= 0):
-        raise ValueError(
-            f"quantiles must be increasing levels in [0, 1]; got {list(quantiles)}."
-        )
-    return q
-
-
-def _horizon(
-    problem: Problem, days: int, samples: int, n_series: int, n_noisy: int
-) -> Horizon:
-    """The data's days and `days` forecast days after them, checked to fit in
-    memory: a scenario's series for every draw (and the `n_noisy` series'
-    noisy copies, `NOISE_SAMPLES` or more) and a solve's states, per day."""
-    n_fit = int(problem.ts.size)
-    first = None if problem.dates is None else np.datetime64(problem.dates[0], "D")
-    horizon = Horizon(n_fit=n_fit, n_days=n_fit + int(days), first_date=first)
-    if horizon.n_days < 2:
-        raise ValueError("A forecast needs at least 2 days in all; give days >= 1.")
-    k, p = 1 + int(samples), problem.n_cells
-    state = sum(problem.model.stages.values()) * p
-    noisy = n_noisy * (k + NOISE_SAMPLES)  # at most, by ceil(NOISE_SAMPLES / k)
-    rows = f"{k} draws x {n_series} series"
-    rows = f"({rows} + {noisy} noisy samples)" if noisy else rows
-    check_memory(
-        8.0 * horizon.n_days * (2 * (k * n_series + noisy) * p + 3 * state),
-        f"days = {days} with {samples} samples",
-        f"{horizon.n_days:.3g} days x (2 x {rows} x {p} patches + 3 x {state} "
-        "states) x 8 bytes",
-        "give fewer days (--days) or samples (--samples)",
-    )
-    return horizon
-
-
 def _bind(problem: Problem, params, sset, horizon, baseline) -> BoundScenarios:
     """The scenarios bound to the problem's model and data (with the feature
     labels of the dataset, when it has them)."""
@@ -476,19 +436,13 @@ def forecast(
             (default: the fit's settings, Tsit5 with rtol 1e-6, atol 1e-9).
         chunk_size: samples per compiled call (default: by memory and, on
             CPU, by state size; see `epifit.forecasting.default_chunk`).
-        observation_noise: the quantiles of each observed series are over the
-            draws and its family's noise around each draw's expected
-            observations (poisson; negative binomial, gaussian at the draw's
-            dispersion, sd; at least `NOISE_SAMPLES` noisy samples): the band
-            new data should fall in. False: over the expected observations
-            only (so is a `least_squares` one, which has no noise model).
-            `estimate_*`, compartments, `R_eff` and derived series have no
-            noise; each quantile variable's `bands` attribute says which.
-        posterior: draws from a posterior sample of `epifit.sample` (a
-            `POSTERIOR.nc` path, a `Posterior` or an `arviz.InferenceData`
-            over the fit's free parameters) in place of the Laplace
-            approximation's: `samples` of its draws, chosen by `seed`. Not
-            with a posterior as `fit` (it has its draws).
+        observation_noise: the observed series' quantiles are over the draws
+            and each family's noise around them (at least `NOISE_SAMPLES`
+            noisy samples), the band new data fall in; False: the expected
+            observations only. Each quantile variable's `bands` says which.
+        posterior: draws from `epifit.sample`'s posterior (a `POSTERIOR.nc`
+            path, a `Posterior` or an `arviz.InferenceData`) in place of the
+            Laplace approximation's; not with a posterior as `fit`.
 
     Returns:
         A Dataset with, for every observed series and chosen compartment `s`:
@@ -499,14 +453,10 @@ def forecast(
         with `_total` twins `(scenario, quantile)`; `observed_<name> (time,
         patch)` for context; `failed_samples (scenario)`; with infections
         `R_eff`, `R_eff_total` and their `estimate_` twins (quantiles only);
-        every derived series `d` of the model (`[derived]` reading the state
-        or covariates) as `d (scenario, quantile, time, patch)` and
-        `estimate_d (scenario, time, patch)`, at each scenario's parameters
-        and covariates (no statistics, no sum over patches); and provenance
-        attributes (`epifit_kind = "forecast"`, fit file and hash, seed,
-        versions, the scenarios as JSON). Incidence has no value on day 0. A
-        series per cell of a model with `[strata]` has `(patch, STRATUM)` in
-        place of `patch`.
+        every derived series `d` as `d` and `estimate_d` (no statistics);
+        provenance attributes (`epifit_kind = "forecast"`, fit file and hash,
+        seed, versions, the scenarios as JSON). Incidence has no value on day
+        0; a model with `[strata]` has `(patch, STRATUM)` in place of `patch`.
 
     Raises:
         ScenarioError: a scenario that does not fit the model, data or horizon.
