@@ -24,8 +24,8 @@ from epifit._figure import (
     short_bands,
     unit_label,
 )
+from epifit._fit_figure import draw_loss, fitted_values, heading, percent
 from epifit._paths import save_figure
-from epifit._plot_parts import _draw_loss, _fitted_values, _heading, _pct
 from epifit._schema import PATCH, TIME
 
 __all__ = ["plot_fit", "select_patches"]
@@ -196,8 +196,8 @@ def plot_fit(
         )
         row += rows_per * (2 if with_residuals else 1)
     if has_loss:
-        _draw_loss(fig.add_subplot(grid[row, :]), ds)
-    fig.suptitle(_heading(ds, note), fontsize=10)
+        draw_loss(fig.add_subplot(grid[row, :]), ds)
+    fig.suptitle(heading(ds, note), fontsize=10)
     figure_legend(fig, _handles(ds, bands, spec), title=_explain(ds, bands, spec, why))
     if out is not None:
         save_figure(fig, out)
@@ -287,7 +287,7 @@ def predictive_bands(ds: xr.Dataset) -> dict[str, tuple[str, list]]:
     from epifit.simulation import noise_of, noise_quantile
 
     spec = _spec(ds)
-    values = _fitted_values(ds)
+    values = fitted_values(ds)
     out = {}
     for obs in spec.observations:
         pred = ds.get(f"predicted_{obs.name}")
@@ -324,7 +324,7 @@ def _residuals(ds: xr.Dataset, spec: Any, name: str) -> tuple[xr.DataArray, str]
         from epifit.simulation import noise_of
 
         try:
-            family, kw = noise_of(obs, _fitted_values(ds), "model")
+            family, kw = noise_of(obs, fitted_values(ds), "model")
         except (KeyError, ValueError):
             family, kw = "", {}
         if family == "poisson":
@@ -430,7 +430,9 @@ def _handles(ds: xr.Dataset, bands: dict, spec: Any) -> list[tuple[Any, str]]:
     if any(n.startswith("observed_") for n in ds.data_vars):
         dot = Line2D([], [], ls="", marker="o", ms=3, color="0.15")
         entries.append((dot, "observed"))
-    widths = sorted({w for _, found in bands.values() for w, _, _ in found}, key=_pct)
+    widths = sorted(
+        {w for _, found in bands.values() for w, _, _ in found}, key=percent
+    )
     for k, w in enumerate(widths[::-1]):
         entries.append((Patch(color="C0", alpha=0.18 + 0.17 * k, lw=0), f"{w} band"))
     if REFF in ds:
@@ -449,7 +451,7 @@ def _explain(ds: xr.Dataset, bands: dict, spec: Any, why: str) -> str:
         for name, (what, found) in bands.items():
             if found:
                 groups.setdefault(short_bands(what), []).append(name)
-        widths = sorted({w for _, f in bands.values() for w, _, _ in f}, key=_pct)
+        widths = sorted({w for _, f in bands.values() for w, _, _ in f}, key=percent)
         over = "; ".join(f"{', '.join(n)}: {w}" for w, n in groups.items())
         text = f"Bands: central {'/'.join(widths)} predictive intervals ({over})."
         if why:

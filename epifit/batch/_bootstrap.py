@@ -39,18 +39,6 @@ def replicate_seed(seed: int, key: str, replicate: int) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "big")
 
 
-def _settings(fit):
-    """The fit's solver settings (solver, tolerances, step budget)."""
-    from epifit.simulation import SOLVERS, SolverSettings
-
-    stored = fit.settings
-    solver = SOLVERS[str(stored.get("solver") or "Tsit5").lower()]()
-    fitted = {
-        k: stored[k] for k in ("rtol", "atol", "max_steps") if stored.get(k) is not None
-    }
-    return SolverSettings.of(fitted, solver=solver)
-
-
 def bootstrap_data(fit, data, *, kind: str = "parametric", seed: int = 0):
     """A dataset drawn from a fit, for a bootstrap refit.
 
@@ -79,6 +67,7 @@ def bootstrap_data(fit, data, *, kind: str = "parametric", seed: int = 0):
         covariates and initial-state variables the model reads, on the
         simulation's dated daily axis: data for `calibrate`.
     """
+    from epifit.forecasting import solver_settings
     from epifit.simulation import simulate
 
     if fit.problem is None:
@@ -87,7 +76,7 @@ def bootstrap_data(fit, data, *, kind: str = "parametric", seed: int = 0):
         fit.model,
         data,
         params=fit.params,
-        settings=_settings(fit),
+        settings=solver_settings(fit.settings, None, None, None, None, None),
         observe="model",
         seed=seed,
     )

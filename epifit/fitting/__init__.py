@@ -30,6 +30,7 @@ from epifit.fitting._resolve import check_fit_settings as check_fit_settings
 from epifit.fitting._resolve import default_phases as default_phases
 from epifit.fitting._resolve import fit_config as fit_config
 from epifit.fitting._resolve import resolve_fit as resolve_fit
+from epifit.fitting._result import FIT_GROUP as FIT_GROUP
 from epifit.fitting._result import FitResult as FitResult
 from epifit.fitting._result import library_versions as library_versions
 from epifit.fitting._uncertainty import Laplace as Laplace

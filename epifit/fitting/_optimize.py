@@ -52,7 +52,7 @@ from epifit.fitting._methods import (
     AbstractMethod,
     make_method,
 )
-from epifit.fitting._optimize_parts import _append, new_record
+from epifit.fitting._record import append_history, new_record
 
 __all__ = [
     "Carry",
@@ -422,7 +422,7 @@ class Optimizer:
                 counts = np.asarray(carry.iteration) - before
                 seconds = time.perf_counter() - t
                 done = int(counts.max())
-                _append(rec, buf, counts, p)
+                append_history(rec, buf, counts, p)
                 rec["phase_iteration"] += done
                 rec["iteration"] += done
                 rec["elapsed"] = t_offset + time.perf_counter() - t0

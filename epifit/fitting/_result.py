@@ -17,7 +17,12 @@ from epifit.data import write_dataset
 from epifit.fitting._result_io import TABLE_VARS, fit_dataset, fit_fields, read_fit
 from epifit.simulation import Problem
 
-__all__ = ["FitResult", "library_versions"]
+__all__ = ["FIT_GROUP", "FitResult", "library_versions"]
+
+# the netCDF group of another file that holds a fit as `FIT.nc` does (the MAP
+# fit a `POSTERIOR.nc` of `epifit sample` embeds): `FitResult.from_netcdf(path,
+# group=FIT_GROUP)`
+FIT_GROUP = "fit"
 
 
 def library_versions() -> dict[str, str]:

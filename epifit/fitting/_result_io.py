@@ -26,12 +26,12 @@ from epifit.data import PATCH, TIME, DataError, open_dataset
 from epifit.fitting._config import parse_fit_config
 from epifit.fitting._overrides import override_spec
 from epifit.fitting._priors import check_prior_records
-from epifit.fitting._result_io_parts import (
+from epifit.fitting._result_read import (
     TABLE_VARS,
-    _damaged,
-    _json_attr,
-    _prefixed,
-    _stored_table,
+    damaged,
+    json_attr,
+    prefixed,
+    stored_table,
 )
 from epifit.model import as_model, compile_model, loads_model
 from epifit.simulation import Problem
@@ -240,7 +240,7 @@ def fit_fields(
             "write one with `epifit calibrate` or FitResult.to_netcdf."
         )
     _check_stored(ds, where)
-    fit_config = _json_attr(ds, where, "fit_config")
+    fit_config = json_attr(ds, where, "fit_config")
     spec = _stored_spec(ds, where, model, name)
     n_patches = int(ds.sizes[PATCH])
     spec = override_spec(spec, parse_fit_config(fit_config), n_patches)
@@ -255,7 +255,7 @@ def fit_fields(
     return dict(
         params=params,
         values=values,
-        table=_stored_table(ds),
+        table=stored_table(ds),
         coefficients=coefficients,
         problem=_stored_problem(ds, compiled, data, folder),
         fit_config=fit_config,
@@ -288,38 +288,38 @@ def _check_stored(ds: xr.Dataset, where) -> None:
     counts, and the stored model text the one its `model_sha256` names."""
     missing = [v for v in REQUIRED_VARS if v not in ds.variables]
     if missing:
-        raise _damaged(where, f"no variable {', '.join(map(repr, missing))}")
+        raise damaged(where, f"no variable {', '.join(map(repr, missing))}")
     missing = [a for a in REQUIRED_ATTRS if a not in ds.attrs]
     if missing:
-        raise _damaged(where, f"no attribute {', '.join(map(repr, missing))}")
+        raise damaged(where, f"no attribute {', '.join(map(repr, missing))}")
     if PATCH not in ds.sizes:
-        raise _damaged(where, "no 'patch' dimension")
+        raise damaged(where, "no 'patch' dimension")
     try:
         float(ds.attrs["loss"])
         iterations = int(ds.attrs["iterations"])
         int(ds.attrs["converged"])
         int(ds.attrs.get("best_start", 0))
     except (TypeError, ValueError) as e:
-        raise _damaged(where, f"an attribute is not a number ({e})") from None
+        raise damaged(where, f"an attribute is not a number ({e})") from None
     _check_information(ds, where)
     if iterations < 0 or iterations != ds.attrs["iterations"]:
-        raise _damaged(where, f"'iterations' = {ds.attrs['iterations']}")
+        raise damaged(where, f"'iterations' = {ds.attrs['iterations']}")
     if iterations < ds["loss_history"].size:
-        raise _damaged(
+        raise damaged(
             where,
             f"{ds['loss_history'].size} iterations of history for 'iterations' = "
             f"{iterations}",
         )
     if not 0 <= int(ds.attrs.get("best_start", 0)) < max(ds["start_loss"].size, 1):
-        raise _damaged(where, f"'best_start' = {ds.attrs.get('best_start')}")
+        raise damaged(where, f"'best_start' = {ds.attrs.get('best_start')}")
     n = ds["x"].size
     if ds["covariance"].shape != (n, n):
         shape = ds["covariance"].shape
-        raise _damaged(where, f"'covariance' has shape {shape} for {n} free values")
+        raise damaged(where, f"'covariance' has shape {shape} for {n} free values")
     if ds["coefficient_free"].shape != ds["coefficients"].shape:
-        raise _damaged(where, "'coefficient_free' and 'coefficients' differ in length")
+        raise damaged(where, "'coefficient_free' and 'coefficients' differ in length")
     if int(np.asarray(ds["coefficient_free"].values, bool).sum()) != n:
-        raise _damaged(
+        raise damaged(
             where, f"'coefficient_free' marks a number of free values other than {n}"
         )
     _check_model_text(ds, where)
@@ -335,11 +335,11 @@ def _check_information(ds: xr.Dataset, where) -> None:
         try:
             value = float(a[k])
         except (TypeError, ValueError):
-            raise _damaged(
+            raise damaged(
                 where, f"attribute '{k}' is not a number ({a[k]!r})"
             ) from None
         if k in INFORMATION_COUNTS and not (value >= 0 and value == int(value)):
-            raise _damaged(where, f"'{k}' = {a[k]} is not a count")
+            raise damaged(where, f"'{k}' = {a[k]} is not a count")
 
 
 def _check_model_text(ds: xr.Dataset, where) -> None:
@@ -455,14 +455,14 @@ def _stored_fields(ds: xr.Dataset, where) -> dict[str, Any]:
         start_losses=np.asarray(ds["start_loss"].values),
         initial_losses=np.asarray(ds["start_initial_loss"].values),
         best_start=int(a.get("best_start", 0)),
-        uncertainty=_json_attr(ds, where, "uncertainty"),
-        settings=_json_attr(ds, where, "settings"),
-        solver_stats=_prefixed(a, "solver_", int),
-        timing=_json_attr(ds, where, "timing"),
+        uncertainty=json_attr(ds, where, "uncertainty"),
+        settings=json_attr(ds, where, "settings"),
+        solver_stats=prefixed(a, "solver_", int),
+        timing=json_attr(ds, where, "timing"),
         trajectories=ds[traj_vars],
         model_text=str(a.get("model_text", "")),
         hashes={k: a[k] for k in ("model_sha256", "data_sha256") if k in a},
-        versions=_prefixed(a, "version_", lambda v: v),
+        versions=prefixed(a, "version_", lambda v: v),
         **{k: float(a.get(k, np.nan)) for k in INFORMATION_FLOATS},
         **{k: int(a[k]) if k in a else None for k in INFORMATION_COUNTS},
         notes=_stored_notes(ds, where),
@@ -474,10 +474,10 @@ def _stored_priors(ds: xr.Dataset, where) -> dict:
     """Every free parameter's prior (none in a file written before them)."""
     if "priors" not in ds.attrs:
         return {}
-    priors = _json_attr(ds, where, "priors")
+    priors = json_attr(ds, where, "priors")
     names = {str(lab).split("[")[0].split(".")[0] for lab in ds["free"].values}
     if why := check_prior_records(priors, names):
-        raise _damaged(where, why)
+        raise damaged(where, why)
     return priors
 
 
@@ -485,5 +485,5 @@ def _stored_notes(ds: xr.Dataset, where) -> list[str]:
     """The fit's notes (none in a file written before them)."""
     notes = json.loads(ds.attrs["notes"]) if "notes" in ds.attrs else []
     if not isinstance(notes, list) or not all(isinstance(n, str) for n in notes):
-        raise _damaged(where, "attribute 'notes' is not a JSON list of strings")
+        raise damaged(where, "attribute 'notes' is not a JSON list of strings")
     return notes

@@ -37,3 +37,4 @@ from epifit.forecasting._scenario import Scenario as Scenario
 from epifit.forecasting._scenario import ScenarioSet as ScenarioSet
 from epifit.forecasting._scenario import load_scenarios as load_scenarios
 from epifit.forecasting._scenario import parse_scenarios as parse_scenarios
+from epifit.forecasting._settings import solver_settings as solver_settings

@@ -12,13 +12,9 @@ import numpy as np
 import xarray as xr
 
 from epifit._paths import file_sha256
-from epifit.fitting import FitResult
+from epifit.fitting import FIT_GROUP, FitResult
 
 __all__ = ["is_posterior", "posterior_draws", "posterior_fit"]
-
-# the group of a posterior file (or InferenceData) holding its MAP fit, as
-# `epifit.sampling` writes it
-FIT_GROUP = "fit"
 
 
 def _file_groups(path: Path) -> set[str] | None:

@@ -13,7 +13,7 @@ import numpy as np
 import xarray as xr
 
 from epifit._paths import file_sha256
-from epifit.fitting import FitResult, library_versions, observation_model
+from epifit.fitting import FIT_GROUP, FitResult, library_versions, observation_model
 from epifit.sampling._nuts import STATS, NutsSettings
 from epifit.simulation import sample_noise
 
@@ -21,10 +21,9 @@ __all__ = ["FIT_GROUP", "Posterior", "posterior_data"]
 
 RHAT_MAX = 1.01
 ESS_MIN = 400
-# the InferenceData group holding the MAP fit the chains started from, as
-# `FitResult.to_dataset` makes it (not one of ArviZ's schema groups: ArviZ
-# reads, writes and carries it along, and asks for it by name only)
-FIT_GROUP = "fit"
+# FIT_GROUP (epifit.fitting): the InferenceData group holding the MAP fit the
+# chains started from, as `FitResult.to_dataset` makes it (not one of ArviZ's
+# schema groups: ArviZ reads, writes and carries it along, asked by name only)
 
 
 def _values_fn(density):

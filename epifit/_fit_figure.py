@@ -1,4 +1,5 @@
-"""Helpers of `epifit.plotting`, apart to keep modules short."""
+"""Pieces of the fit figure (`epifit.plotting.plot_fit`): the loss panel,
+the heading, the fitted values by series, and band widths as percentages."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import xarray as xr
 
 
-def _draw_loss(ax: Any, ds: xr.Dataset) -> None:
+def draw_loss(ax: Any, ds: xr.Dataset) -> None:
     """The loss per iteration (log scale when it spans a decade), with dotted
     lines where the optimiser's phase changes."""
     loss = np.asarray(ds["loss_history"].values, float)
@@ -28,7 +29,7 @@ def _draw_loss(ax: Any, ds: xr.Dataset) -> None:
     ax.tick_params(labelsize=7)
 
 
-def _fitted_values(ds: xr.Dataset) -> dict[str, np.ndarray]:
+def fitted_values(ds: xr.Dataset) -> dict[str, np.ndarray]:
     """The fitted values by parameter name from the file's table (`estimate`
     per `parameter`), per-patch ones as `(patch,)` arrays."""
     names = [str(v) for v in ds["parameter_name"].values]
@@ -39,7 +40,7 @@ def _fitted_values(ds: xr.Dataset) -> dict[str, np.ndarray]:
     return {k: np.asarray(v[0] if len(v) == 1 else v) for k, v in out.items()}
 
 
-def _heading(ds: xr.Dataset, note: str) -> str:
+def heading(ds: xr.Dataset, note: str) -> str:
     """One line: `model: fit to DATA (loss 1.23); note`."""
     kind = ds.attrs.get("epifit_kind", "simulation")
     head = str(ds.attrs.get("model", ""))
@@ -53,5 +54,5 @@ def _heading(ds: xr.Dataset, note: str) -> str:
     return f"{head}; {note}" if note else head
 
 
-def _pct(width: str) -> float:
+def percent(width: str) -> float:
     return float(width.rstrip("%"))

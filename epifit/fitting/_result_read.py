@@ -1,4 +1,6 @@
-"""Helpers of `epifit.fitting._result_io`, apart to keep modules short."""
+"""Reading a fit file's stored fields (`epifit.fitting._result_io`): the
+parameter table, JSON and prefixed attributes, and the one-line error for a
+damaged file."""
 
 from __future__ import annotations
 
@@ -12,22 +14,22 @@ from epifit.data import DataError
 TABLE_VARS = ("estimate", "se", "lower", "upper")
 
 
-def _damaged(where, why: str) -> DataError:
+def damaged(where, why: str) -> DataError:
     return DataError(
         f"{where} is not a complete epifit fit file: {why}; write it again with "
         "`epifit calibrate`."
     )
 
 
-def _json_attr(ds: xr.Dataset, where, name: str) -> Any:
+def json_attr(ds: xr.Dataset, where, name: str) -> Any:
     """A JSON attribute (`{}` when absent)."""
     try:
         return json.loads(ds.attrs.get(name, "{}"))
     except (TypeError, ValueError) as e:
-        raise _damaged(where, f"attribute '{name}' is not JSON ({e})") from None
+        raise damaged(where, f"attribute '{name}' is not JSON ({e})") from None
 
 
-def _stored_table(ds: xr.Dataset) -> list[dict]:
+def stored_table(ds: xr.Dataset) -> list[dict]:
     return [
         dict(
             label=str(lab),
@@ -40,7 +42,7 @@ def _stored_table(ds: xr.Dataset) -> list[dict]:
     ]
 
 
-def _prefixed(attrs: dict, prefix: str, convert) -> dict[str, Any]:
+def prefixed(attrs: dict, prefix: str, convert) -> dict[str, Any]:
     return {
         k[len(prefix) :]: convert(v) for k, v in attrs.items() if k.startswith(prefix)
     }

@@ -1,4 +1,6 @@
-"""Helpers of `epifit.fitting._optimize`, apart to keep modules short."""
+"""The host-side record of an optimiser run (`epifit.fitting._optimize`):
+per-start histories of loss, gradient norm and step, all NumPy, saved in
+checkpoints."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ def new_record(n_starts: int, initial_loss: np.ndarray) -> dict:
     }
 
 
-def _append(rec: dict, buf, counts, p: int) -> None:
+def append_history(rec: dict, buf, counts, p: int) -> None:
     """Append each start's iterations of a chunk to its history."""
     hist = rec["history"]
     arrays = [np.asarray(b) for b in buf]
