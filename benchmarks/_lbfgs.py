@@ -1,14 +1,16 @@
 """The one optimiser of the calibration benchmark, driven by each tool's loss.
 
-`optax.lbfgs` (memory 10) with its zoom line search (at most 30 steps,
-initial step 1), the settings of `epifit.calibrate`'s `lbfgs` phase, iterated
-inside `jax.lax.while_loop` in compiled chunks of iterations, with epifit's
-treatment of non-finite values (`epifit/fitting/_optimize.py`,
-`_methods.LBFGS`): a trial point of the line search whose loss is not finite
-(a solve that failed, with `throw=False`) makes the zoom back off; a step whose
-loss or gradient is still not finite, or a line search that met only
-non-finite values, is rejected: the iterate stays where it was, the memory
-restarts, and after `MAX_RETREATS` rejections in a row the fit stops.
+`epifit.calibrate`'s own L-BFGS (`epifit.fitting._methods.LBFGS`: memory 10,
+Armijo backtracking of at most 30 trials, one `value_and_grad` per loop trip
+at the trial point), iterated inside `jax.lax.while_loop` in compiled chunks
+of loop trips, with the bookkeeping of epifit's driver
+(`epifit/fitting/_optimize.py`): a trip counts as an iteration when the method
+says so (`StepInfo.counted`: an accepted step or a retreat, not a
+backtracking trial); a trial point whose loss or gradient is not finite (a
+solve that failed, with `throw=False`) is a retreat: the iterate stays, the
+method shortens its step, and after `MAX_RETREATS` retreats in a row the fit
+stops. So every tool's loss is minimised by the algorithm `epifit.calibrate`
+runs, and the `epifit` worker's iterates are the `epifit-calibrate` worker's.
 """
 
 from __future__ import annotations
@@ -32,60 +34,51 @@ STATUS = {
 
 
 def make_lbfgs():
-    import optax
+    """epifit's L-BFGS step function with the benchmark's settings."""
+    from epifit.fitting._methods import LBFGS
 
-    return optax.lbfgs(
-        memory_size=MEMORY_SIZE,
-        linesearch=optax.scale_by_zoom_linesearch(
-            max_linesearch_steps=MAX_LINESEARCH_STEPS, initial_guess_strategy="one"
-        ),
-    )
+    return LBFGS(memory_size=MEMORY_SIZE, max_linesearch_steps=MAX_LINESEARCH_STEPS)
 
 
-def _step(tx, c, value_fn):
-    """One L-BFGS iteration from the carry `c`, as `epifit.fitting`'s `LBFGS.step`:
-    `(x, f, g, state, evaluations, rejected)`."""
-    import jax
-    import jax.numpy as jnp
-    import optax
+class _Loss:
+    """The objective interface the method steps through: `value_and_grad(x, data)`."""
 
-    u, state = tx.update(
-        c["g"], c["state"], c["x"], value=c["f"], grad=c["g"], value_fn=value_fn
-    )
-    info = optax.tree_utils.tree_get(state, "info")
-    f = optax.tree_utils.tree_get(state, "value")
-    g = optax.tree_utils.tree_get(state, "grad")
-    # a zero step: the line search found no decrease. If it met only
-    # non-finite values (an infinite decrease error), the step failed;
-    # otherwise the memory restarts and the iteration counts as flat
-    no_step = jnp.all(u == 0)
-    bad = ~(jnp.isfinite(f) & jnp.all(jnp.isfinite(g)))
-    bad = bad | (no_step & jnp.isinf(info.decrease_error))
-    restart = no_step | bad
-    state = jax.tree.map(lambda a, b: jnp.where(restart, a, b), tx.init(c["x"]), state)
-    keep = no_step | bad
-    x = jnp.where(keep, c["x"], c["x"] + u)
-    f = jnp.where(keep, c["f"], f)
-    g = jnp.where(keep, c["g"], g)
-    return x, f, g, state, info.num_linesearch_steps.astype(jnp.int32), bad
+    def __init__(self, loss):
+        import jax
+
+        self._vg = jax.value_and_grad(loss)
+
+    def value_and_grad(self, x, data):
+        return self._vg(x, *data)
 
 
 def make_chunk(loss, ftol: float, gtol: float, patience: int):
     """`(run, init)`: `run(carry, rest, n_end) -> (carry, (loss, grad max-norm,
     evaluations, rejected))` runs L-BFGS iterations of `loss(p, *rest)` until
-    `carry["it"] == n_end` or a stop; `init(x, f, g)` is the first carry.
+    `carry["it"] == n_end` or a stop; `init(x, f, g)` is the first carry at a
+    point whose loss and gradient were evaluated.
 
-    `carry`: `x, f, g, state, it, flat, bad, status` (see `STATUS`).
+    `carry`: `x, f, g, state, it, trips, flat, bad, status` (see `STATUS`),
+    `evals`; `trips` counts the evaluations of the iteration under way,
+    `evals` all of them.
     """
     import jax
     import jax.numpy as jnp
 
-    tx = make_lbfgs()
+    method, fun = make_lbfgs(), _Loss(loss)
 
     def iterate(c, rest):
-        x, f, g, state, evals, bad = _step(tx, c, lambda y: loss(y, *rest))
+        x, f, g, state, info = method.step(
+            c["x"], c["f"], c["g"], c["state"], 1.0, fun, rest
+        )
+        bad = info.nonfinite
+        counted = jnp.asarray(info.counted)
+        keep = lambda new, old: jnp.where(bad, old, new)  # noqa: E731
+        x, f, g = keep(x, c["x"]), keep(f, c["f"]), keep(g, c["g"])
+        fallback = method.on_nonfinite(c["state"], state, c["x"])
+        state = jax.tree.map(keep, state, fallback)
         flat = jnp.abs(c["f"] - f) <= ftol * jnp.abs(f)
-        n_flat = jnp.where(bad, c["flat"], jnp.where(flat, c["flat"] + 1, 0))
+        n_flat = jnp.where(bad | ~counted, c["flat"], jnp.where(flat, c["flat"] + 1, 0))
         n_bad = jnp.where(bad, c["bad"] + 1, 0)
         gmax = jnp.max(jnp.abs(g))
         status = jnp.where(
@@ -94,12 +87,15 @@ def make_chunk(loss, ftol: float, gtol: float, patience: int):
             jnp.where(
                 ~bad & (gmax <= gtol * jnp.abs(f)),
                 GRADIENT,
-                jnp.where(n_flat >= patience, LOSS, RUNNING),
+                jnp.where((n_flat >= patience) | info.stuck, LOSS, RUNNING),
             ),
         ).astype(jnp.int32)
-        new = dict(x=x, f=f, g=g, state=state, it=c["it"] + 1, flat=n_flat)
-        new.update(bad=n_bad, status=status)
-        return new, (f, gmax, evals, bad.astype(jnp.int32))
+        trips = c["trips"] + 1
+        it = c["it"] + counted.astype(jnp.int32)
+        new = dict(x=x, f=f, g=g, state=state, it=it, flat=n_flat, bad=n_bad)
+        new.update(status=status, trips=jnp.where(counted, 0, trips))
+        new["evals"] = c["evals"] + 1
+        return new, (f, gmax, trips, bad.astype(jnp.int32))
 
     def run(c, rest, n_end):
         start = c["it"]
@@ -116,6 +112,8 @@ def make_chunk(loss, ftol: float, gtol: float, patience: int):
 
         def body(s):
             c, buf = s
+            # backtracking trials write the slot of the iteration under way;
+            # the trip that ends it writes last
             i = c["it"] - start
             c, rec = iterate(c, rest)
             return c, tuple(b.at[i].set(v) for b, v in zip(buf, rec, strict=True))
@@ -124,8 +122,18 @@ def make_chunk(loss, ftol: float, gtol: float, patience: int):
 
     def init(x, f, g):
         zero = jnp.zeros((), jnp.int32)
+        state, f, g = method.init(x, f, g, fun, ())
         return dict(
-            x=x, f=f, g=g, state=tx.init(x), it=zero, flat=zero, bad=zero, status=zero
+            x=x,
+            f=f,
+            g=g,
+            state=state,
+            it=zero,
+            trips=zero,
+            flat=zero,
+            bad=zero,
+            status=zero,
+            evals=zero,
         )
 
     return run, init
@@ -208,7 +216,7 @@ def fit(
     rec["wall_s"] = time.perf_counter() - t0
     status = int(carry["status"])
     rec["iterations"] = int(carry["it"])
-    rec["evaluations"] = 1 + int(sum(hist["evals"]))
+    rec["evaluations"] = 1 + int(carry["evals"])
     rec["rejected_steps"] = int(sum(hist["rejected"]))
     rec["final_loss"] = float(carry["f"])
     rec["best_loss"] = float(min([rec["initial_loss"], *hist["loss"]]))

@@ -1,10 +1,10 @@
 """Calibration benchmark: a full fit of the reference problem, epifit vs diffrax.
 
-One optimiser (`benchmarks/_lbfgs.py`: `optax.lbfgs`, memory 10, its zoom
-line search of at most 30 steps from step 1, the settings of
-`epifit.calibrate`'s `lbfgs` phase, with epifit's treatment of non-finite
-values) is driven by each tool's loss in its own process. Its line search
-takes `value_and_grad` of
+One optimiser (`benchmarks/_lbfgs.py`: `epifit.calibrate`'s own L-BFGS step
+function, memory 10, Armijo backtracking of at most 30 trials, one
+`value_and_grad` per loop trip, with epifit's treatment of non-finite
+values) is driven by each tool's loss in its own process. It evaluates
+`value_and_grad` of
 
 * `epifit`: the reference loss written with epifit (`forward.epifit_loss`:
   Tsit5, PID controller, the default `CheckpointAdjoint`), compiled with
@@ -18,13 +18,12 @@ itself (`benchmarks/_calibrate_epifit.py`), with the same tolerances and at
 most as many iterations as the `epifit` worker took.
 
 Both losses solve with `throw=False`, as `epifit.fitting.Objective` does: a
-solve that fails at a trial point of the line search (diffrax's `max_steps`,
-`--peer-max-steps`, default 4096 for the whole solve; epifit's 4096 per day)
-gives a NaN loss, so the line search backs off, and a step that stays
-non-finite is rejected (`rejected_steps`). A worker that fails (a non-finite
-loss at the start, an exception, a crash or a timeout) is reported with its
-reason in the table and the JSON (`error`), and the others are still
-compared.
+solve that fails at a trial point (diffrax's `max_steps`, `--peer-max-steps`,
+default 4096 for the whole solve; epifit's 4096 per day) gives a NaN loss,
+a retreat: the iterate stays, the step is halved (`rejected_steps`). A
+worker that fails (a non-finite loss at the start, an exception, a crash or
+a timeout) is reported with its reason in the table and the JSON (`error`),
+and the others are still compared.
 
 Every fit starts from `p_init` of `make_problem(n, days, 0)` (default 280
 patches, 120 days, rtol 1e-3, atol 1e-6, float32) and stops when the relative
