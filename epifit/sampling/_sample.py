@@ -12,16 +12,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from epifit.fitting import FitResult, calibrate, fit_config, resolve_fit
+from epifit.sampling._chains import (
+    resolve_chain_method,
+    run_sequential,
+    run_vectorized,
+)
 from epifit.sampling._checkpoint import chain_checkpoint
 from epifit.sampling._density import LogDensity
 from epifit.sampling._nuts import (
     NutsSettings,
     Programs,
     initial_inverse_mass,
-    run_chain,
     start_points,
 )
 from epifit.sampling._posterior import Posterior, posterior_data
+from epifit.sampling._processes import run_processes
 from epifit.simulation import Problem
 
 __all__ = ["sample"]
@@ -41,6 +46,8 @@ def sample(
     target_accept: float = 0.8,
     max_tree_depth: int = 10,
     chunk: int = 50,
+    chain_method: str | None = None,
+    workers: int | None = None,
     checkpoint: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool | str = "auto",
@@ -55,8 +62,11 @@ def sample(
     adaptation (`warmup` iterations, Stan's schedule), then draws `draws`
     samples. Chains start from draws of the Laplace approximation at the MAP
     (which `init`, a `FitResult` or `FIT.nc`, gives; else `calibrate` finds
-    it first) and run one after another; the Laplace covariance (its diagonal
-    for `mass_matrix="diagonal"`) seeds the mass matrix.
+    it first); the Laplace covariance (its diagonal for
+    `mass_matrix="diagonal"`) seeds the mass matrix. The key of every draw
+    depends only on `seed`, the chain and the draw's index, so a chain's
+    draws do not depend on `chain_method` (to float64 rounding), on `chunk`,
+    or on a checkpoint's interruption.
 
     Args:
         model_or_problem, data, fit: as for `calibrate` (a `Problem`, or a
@@ -69,6 +79,15 @@ def sample(
         target_accept: the warm-up's target acceptance rate.
         max_tree_depth: NUTS' maximum number of trajectory doublings.
         chunk: draws per compiled call (a checkpoint and a progress step each).
+        chain_method: how the chains run: `sequential` (one after another, in
+            this process), `vectorized` (vmapped: every chain in one compiled
+            program, in lockstep; for a GPU or TPU, where the chains fill
+            the device) or `processes` (spawned worker processes on the CPU,
+            each single-threaded, each compiling its own programs; for
+            several cores). Default: `vectorized` on a GPU or TPU backend,
+            `sequential` on CPU.
+        workers: with `processes`, the number of worker processes (default
+            one per core; never more than `chains`).
         checkpoint: a file the chains are saved to atomically after the
             warm-up and every chunk; `resume=True` continues from it.
         progress: a progress bar per chain on stderr.
@@ -90,6 +109,7 @@ def sample(
         max_tree_depth=max_tree_depth,
         chunk=chunk,
     )
+    method, n_workers = resolve_chain_method(chain_method, workers, chains)
     start = _map(model_or_problem, data, fit, init)
     objective = start["objective"]
     data_ = objective.data()
@@ -100,8 +120,15 @@ def sample(
     programs = Programs(density, settings)
     store = chain_checkpoint(checkpoint, resume, objective, settings, starts)
     t0 = time.perf_counter()
-    results = _run_chains(programs, starts.astype(x_map.dtype), imm0, data_, store,
-                          progress)  # fmt: skip
+    starts = starts.astype(x_map.dtype)
+    with _bars(progress, settings) as bar:
+        if method == "sequential":
+            results = run_sequential(programs, starts, imm0, data_, store, bar)
+        elif method == "vectorized":
+            results = run_vectorized(programs, starts, imm0, data_, store, bar)
+        else:
+            results = run_processes(density, settings, starts, imm0, store, bar,
+                                    n_workers)  # fmt: skip
     sampling_s = time.perf_counter() - t0
     idata = posterior_data(
         density,
@@ -109,7 +136,11 @@ def sample(
         results,
         settings,
         x_map=x_map,
-        provenance=start["provenance"],
+        provenance={
+            **start["provenance"],
+            "chain_method": method,
+            **({"workers": n_workers} if method == "processes" else {}),
+        },
         timing={
             "sampling_s": sampling_s,
             "wall_s": time.perf_counter() - wall,
@@ -119,31 +150,6 @@ def sample(
         fit=start["fit"],
     )
     return Posterior(idata, fit=start["fit"])
-
-
-def _run_chains(programs, starts, imm0, data, store, progress) -> list[dict]:
-    """Every chain, one after another, saved by `store` after each chunk."""
-    settings = programs.settings
-    results = []
-    with _bars(progress, settings) as bar:
-        for c in range(settings.chains):
-
-            def on_chunk(snap, c=c):
-                store.save(snap)
-                bar(c, snap["done"])
-
-            results.append(
-                run_chain(
-                    programs,
-                    c,
-                    starts[c],
-                    imm0,
-                    data,
-                    resume=store.load(c),
-                    on_chunk=on_chunk,
-                )  # fmt: skip
-            )
-    return results
 
 
 def _map(model_or_problem, data, fit, init) -> dict:
