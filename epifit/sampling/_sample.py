@@ -63,10 +63,9 @@ def sample(
     samples. Chains start from draws of the Laplace approximation at the MAP
     (which `init`, a `FitResult` or `FIT.nc`, gives; else `calibrate` finds
     it first); the Laplace covariance (its diagonal for
-    `mass_matrix="diagonal"`) seeds the mass matrix. The key of every draw
-    depends only on `seed`, the chain and the draw's index, so a chain's
-    draws do not depend on `chain_method` (to float64 rounding), on `chunk`,
-    or on a checkpoint's interruption.
+    `mass_matrix="diagonal"`) seeds the mass matrix. A chain's draws depend
+    on `seed`, the chain and the draw's index alone: not on `chain_method`
+    (but for rounding), `chunk` or an interruption and resume.
 
     Args:
         model_or_problem, data, fit: as for `calibrate` (a `Problem`, or a
@@ -79,13 +78,11 @@ def sample(
         target_accept: the warm-up's target acceptance rate.
         max_tree_depth: NUTS' maximum number of trajectory doublings.
         chunk: draws per compiled call (a checkpoint and a progress step each).
-        chain_method: how the chains run: `sequential` (one after another, in
-            this process), `vectorized` (vmapped: every chain in one compiled
-            program, in lockstep; for a GPU or TPU, where the chains fill
-            the device) or `processes` (spawned worker processes on the CPU,
-            each single-threaded, each compiling its own programs; for
-            several cores). Default: `vectorized` on a GPU or TPU backend,
-            `sequential` on CPU.
+        chain_method: `sequential` (one after another, in this process),
+            `vectorized` (every chain in one vmapped program, in lockstep;
+            the default on a GPU or TPU, else `sequential`) or `processes`
+            (spawned single-threaded CPU workers, each compiling its own
+            programs).
         workers: with `processes`, the number of worker processes (default
             one per core; never more than `chains`).
         checkpoint: a file the chains are saved to atomically after the
@@ -99,16 +96,9 @@ def sample(
         so that the posterior file alone can be forecast).
     """
     wall = time.perf_counter()
-    settings = NutsSettings(
-        chains=chains,
-        warmup=warmup,
-        draws=draws,
-        seed=seed,
-        mass_matrix=mass_matrix,
-        target_accept=target_accept,
-        max_tree_depth=max_tree_depth,
-        chunk=chunk,
-    )
+    settings = NutsSettings(chains=chains, warmup=warmup, draws=draws, seed=seed,
+                            mass_matrix=mass_matrix, target_accept=target_accept,
+                            max_tree_depth=max_tree_depth, chunk=chunk)  # fmt: skip
     method, n_workers = resolve_chain_method(chain_method, workers, chains)
     start = _map(model_or_problem, data, fit, init)
     objective = start["objective"]
@@ -117,18 +107,11 @@ def sample(
     x_map = np.asarray(start["x"], np.float64)
     starts = start_points(x_map, start["covariance"], settings)
     imm0 = jnp.asarray(initial_inverse_mass(start["covariance"], x_map.size, settings))
-    programs = Programs(density, settings)
     store = chain_checkpoint(checkpoint, resume, objective, settings, starts)
     t0 = time.perf_counter()
-    starts = starts.astype(x_map.dtype)
     with _bars(progress, settings) as bar:
-        if method == "sequential":
-            results = run_sequential(programs, starts, imm0, data_, store, bar)
-        elif method == "vectorized":
-            results = run_vectorized(programs, starts, imm0, data_, store, bar)
-        else:
-            results = run_processes(density, settings, starts, imm0, store, bar,
-                                    n_workers)  # fmt: skip
+        results = _run_chains(method, n_workers, density, settings,
+                              starts.astype(x_map.dtype), imm0, store, bar)  # fmt: skip
     sampling_s = time.perf_counter() - t0
     idata = posterior_data(
         density,
@@ -136,11 +119,7 @@ def sample(
         results,
         settings,
         x_map=x_map,
-        provenance={
-            **start["provenance"],
-            "chain_method": method,
-            **({"workers": n_workers} if method == "processes" else {}),
-        },
+        provenance=start["provenance"] | _method_attrs(method, n_workers),
         timing={
             "sampling_s": sampling_s,
             "wall_s": time.perf_counter() - wall,
@@ -150,6 +129,21 @@ def sample(
         fit=start["fit"],
     )
     return Posterior(idata, fit=start["fit"])
+
+
+def _run_chains(method, workers, density, settings, starts, imm0, store, bar):
+    """The chains' results by `method` (see `_chains.py`)."""
+    if method == "processes":
+        return run_processes(density, settings, starts, imm0, store, bar, workers)
+    run = run_sequential if method == "sequential" else run_vectorized
+    data = density.objective.data()
+    return run(Programs(density, settings), starts, imm0, data, store, bar)
+
+
+def _method_attrs(method: str, workers: int) -> dict:
+    return {"chain_method": method} | (
+        {"workers": workers} if method == "processes" else {}
+    )
 
 
 def _map(model_or_problem, data, fit, init) -> dict:
