@@ -197,6 +197,7 @@ def test_chains_give_the_same_draws_whatever_runs_or_resumes_them(
         ({"chain_method": "threads"}, "chain_method must be one of"),
         ({"workers": 2}, "workers is for chain_method='processes'"),
         ({"chain_method": "processes", "workers": 0}, "workers must be an int >= 1"),
+        ({"values": {}}, "give init .* or values, not both"),
     ],
 )
 def test_bad_settings_are_refused(decay, kw, match):
