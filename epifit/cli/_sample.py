@@ -40,6 +40,17 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="the warm-up's target acceptance rate, in (0, 1) (default 0.8)",
     )
     p.add_argument(
+        "--chain-method",
+        choices=("sequential", "vectorized", "processes"),
+        help="how the chains run: one after another, vmapped in one program, or "
+        "in worker processes (default: vectorized on a GPU or TPU, else sequential)",
+    )
+    p.add_argument(
+        "--workers",
+        type=_flags.count,
+        help="worker processes for --chain-method processes (default: one per core)",
+    )
+    p.add_argument(
         "--checkpoint", help="save the chains here after every chunk of draws"
     )
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint")
@@ -56,6 +67,8 @@ def _run(a) -> int:
         raise ValueError("sample needs a model and --data, or --init FIT.nc")
     if a.resume and not a.checkpoint:
         raise ValueError("--resume needs --checkpoint FILE")
+    if a.workers is not None and a.chain_method != "processes":
+        raise ValueError("--workers needs --chain-method processes")
     if not 0.0 < a.target_accept < 1.0:
         raise ValueError(f"--target-accept must lie in (0, 1); got {a.target_accept}")
     model = existing_file(a.model, "Model") if a.model else None
@@ -76,6 +89,8 @@ def _run(a) -> int:
             seed=a.seed,
             mass_matrix=a.mass_matrix,
             target_accept=a.target_accept,
+            chain_method=a.chain_method,
+            workers=a.workers,
             checkpoint=a.checkpoint,
             resume=a.resume,
             progress=False if a.no_progress or a.json else "auto",
@@ -117,6 +132,8 @@ def _command(a) -> str:
         ("--seed", a.seed),
         ("--mass-matrix", a.mass_matrix),
         ("--target-accept", a.target_accept),
+        ("--chain-method", a.chain_method),
+        ("--workers", a.workers),
         ("--checkpoint", a.checkpoint),
     ):
         if value is not None:

@@ -14,7 +14,7 @@ import numpy as np
 from epifit.fitting import fingerprint
 from epifit.sampling._nuts import STATS, NutsSettings
 
-__all__ = ["SamplerCheckpointError", "chain_checkpoint"]
+__all__ = ["SamplerCheckpointError", "chain_checkpoint", "flatten", "unflatten"]
 
 FORMAT = 1
 
@@ -30,12 +30,33 @@ class _Store:
     def load(self, chain: int) -> dict | None:
         """The saved state of `chain` (None: start it afresh)."""
         flat = self.chains.get(chain)
-        return None if flat is None else _unflatten(chain, flat)
+        return None if flat is None else unflatten(chain, flat)
 
-    def save(self, snap: dict) -> None:
+    def saved(self, chain: int) -> dict[str, np.ndarray] | None:
+        """The saved arrays of `chain`, as a checkpoint holds them."""
+        return self.chains.get(chain)
+
+    @property
+    def enabled(self) -> bool:
+        """Whether the chains are saved at all."""
+        return self.path is not None
+
+    def save(self, *snaps: dict) -> None:
+        """Save the chains' snapshots (one write for all of them)."""
         if self.path is None:
             return
-        self.chains[snap["chain"]] = _flatten(snap)
+        for snap in snaps:
+            self.chains[snap["chain"]] = flatten(snap)
+        self._write()
+
+    def save_flat(self, chain: int, flat: dict[str, np.ndarray]) -> None:
+        """Save a snapshot `flatten` made (in a worker process)."""
+        if self.path is None:
+            return
+        self.chains[chain] = flat
+        self._write()
+
+    def _write(self) -> None:
         arrays = {"format": np.asarray(FORMAT), "key": np.asarray(self.key)}
         for c, flat in self.chains.items():
             arrays |= {f"chain{c}.{k}": v for k, v in flat.items()}
@@ -47,7 +68,8 @@ class _Store:
         os.replace(tmp, self.path)
 
 
-def _flatten(snap: dict) -> dict[str, np.ndarray]:
+def flatten(snap: dict) -> dict[str, np.ndarray]:
+    """A chain's snapshot as the NumPy arrays a checkpoint holds."""
     state = snap["state"]
     n = np.asarray(state.position).size
     stats = snap["stats"]
@@ -70,7 +92,8 @@ def _flatten(snap: dict) -> dict[str, np.ndarray]:
     }
 
 
-def _unflatten(chain: int, flat: dict) -> dict:
+def unflatten(chain: int, flat: dict) -> dict:
+    """The snapshot `flatten` made, back (for `run_chain`'s `resume`)."""
     from blackjax.mcmc.hmc import HMCState
 
     done = int(flat["done"])

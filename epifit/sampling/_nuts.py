@@ -23,7 +23,7 @@ import numpy as np
 
 from epifit._jit import jit
 
-__all__ = ["NutsSettings", "STATS", "run_chain", "start_points"]
+__all__ = ["NutsSettings", "Programs", "STATS", "run_chain", "start_points"]
 
 MASS_MATRICES = ("diagonal", "dense")
 # per-draw statistics, named as ArviZ's sample_stats group names them
@@ -100,7 +100,9 @@ def initial_inverse_mass(covariance, n: int, settings: NutsSettings):
 
 class Programs:
     """The two compiled programs of a chain, over a log density
-    `logdensity(x, data)`."""
+    `logdensity(x, data)`: `warm` (or `init` without a warm-up) and `chunk`;
+    `warm_chains`, `init_chains` and `chunk_chains` are the same vmapped over
+    a leading chain axis."""
 
     def __init__(self, logdensity: Callable, settings: NutsSettings):
         self.settings = settings
@@ -147,6 +149,12 @@ class Programs:
         self.warm = jit(warm)
         self.chunk = jit(chunk)
         self.init = jit(init)
+        # every chain in one program (chain_method="vectorized"): the same
+        # functions vmapped over the chains, the data shared; compiled on
+        # first use only
+        self.warm_chains = jit(jax.vmap(warm, in_axes=(0, 0, None, None)))
+        self.chunk_chains = jit(jax.vmap(chunk, in_axes=(0, 0, 0, 0, None)))
+        self.init_chains = jit(jax.vmap(init, in_axes=(0, None)))
 
 
 def _no_info(state, info, adaptation_state):
@@ -154,10 +162,64 @@ def _no_info(state, info, adaptation_state):
 
 
 def draw_keys(seed: int, chain: int, start: int, count: int):
+    """The keys of draws `start .. start + count - 1` of chain `chain`."""
     base = jax.random.fold_in(jax.random.key(seed), chain)
     return jax.vmap(lambda i: jax.random.fold_in(base, i))(
         jnp.arange(start, start + count)
     )
+
+
+def warmup_key(seed: int, chain: int):
+    """The key of chain `chain`'s warm-up (apart from its draws' keys)."""
+    return jax.random.fold_in(
+        jax.random.fold_in(jax.random.key(seed), chain), WARMUP_STREAM
+    )
+
+
+def new_snapshot(chain: int, state, step_size, inverse_mass_matrix) -> dict:
+    """A chain's state after its warm-up, before any draw."""
+    return {
+        "chain": chain,
+        "done": 0,
+        "state": state,
+        "step_size": step_size,
+        "inverse_mass_matrix": inverse_mass_matrix,
+        "positions": [],
+        "stats": [],
+    }
+
+
+def extended(snap: dict, state, positions, stats, count: int) -> dict:
+    """`snap` after `count` more draws (`positions (count, n)`, `stats`)."""
+    return {
+        **snap,
+        "state": state,
+        "done": snap["done"] + count,
+        "positions": [*snap["positions"], np.asarray(positions)],
+        "stats": [*snap["stats"], [np.asarray(v) for v in stats]],
+    }
+
+
+def chain_result(snap: dict, settings: NutsSettings, warmup_s, draws_s) -> dict:
+    """A finished chain's draws, as `run_chain` returns them."""
+    positions = np.concatenate(snap["positions"])[: settings.draws]
+    stats = {
+        name: np.concatenate([c[i] for c in snap["stats"]])[: settings.draws]
+        for i, name in enumerate(STATS)
+    }
+    return {
+        "positions": positions,
+        "stats": stats,
+        "step_size": float(snap["step_size"]),
+        "inverse_mass_matrix": np.asarray(snap["inverse_mass_matrix"]),
+        "warmup_s": warmup_s,
+        "draws_s": draws_s,
+    }
+
+
+def total_draws(settings: NutsSettings) -> int:
+    """The draws run: `draws` rounded up to whole chunks."""
+    return math.ceil(settings.draws / settings.chunk) * settings.chunk
 
 
 def run_chain(
@@ -179,54 +241,25 @@ def run_chain(
     t0 = time.perf_counter()
     if resume is None:
         if s.warmup:
-            key = jax.random.fold_in(
-                jax.random.fold_in(jax.random.key(s.seed), chain), WARMUP_STREAM
-            )
+            key = warmup_key(s.seed, chain)
             state, step, imm = programs.warm(key, jnp.asarray(x0), imm0, data)
         else:
             state, step, imm = programs.init(jnp.asarray(x0), data), 1.0, imm0
             step = jnp.asarray(step, jnp.asarray(x0).dtype)
-        snap = {
-            "chain": chain,
-            "done": 0,
-            "state": state,
-            "step_size": step,
-            "inverse_mass_matrix": imm,
-            "positions": [],
-            "stats": [],
-        }
+        snap = new_snapshot(chain, state, step, imm)
         if on_chunk is not None:
             on_chunk(snap)
         jax.block_until_ready(state)
     else:
         snap = resume
     t1 = time.perf_counter()
-    n_chunks = math.ceil(s.draws / s.chunk)
-    while snap["done"] < n_chunks * s.chunk:
+    while snap["done"] < total_draws(s):
         keys = draw_keys(s.seed, chain, snap["done"], s.chunk)
         state, (pos, stats) = programs.chunk(
             snap["state"], keys, snap["step_size"], snap["inverse_mass_matrix"], data
         )
-        snap = {
-            **snap,
-            "state": state,
-            "done": snap["done"] + s.chunk,
-            "positions": [*snap["positions"], np.asarray(pos)],
-            "stats": [*snap["stats"], [np.asarray(v) for v in stats]],
-        }
+        snap = extended(snap, state, pos, stats, s.chunk)
         if on_chunk is not None:
             on_chunk(snap)
-    t2 = time.perf_counter()
-    positions = np.concatenate(snap["positions"])[: s.draws]
-    stats = {
-        name: np.concatenate([c[i] for c in snap["stats"]])[: s.draws]
-        for i, name in enumerate(STATS)
-    }
-    return {
-        "positions": positions,
-        "stats": stats,
-        "step_size": float(snap["step_size"]),
-        "inverse_mass_matrix": np.asarray(snap["inverse_mass_matrix"]),
-        "warmup_s": t1 - t0,  # the first chain's includes the compiles
-        "draws_s": t2 - t1,
-    }
+    # the first chain's warm-up includes the compiles
+    return chain_result(snap, s, t1 - t0, time.perf_counter() - t1)

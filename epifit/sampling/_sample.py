@@ -12,16 +12,21 @@ import jax.numpy as jnp
 import numpy as np
 
 from epifit.fitting import FitResult, calibrate, fit_config, resolve_fit
+from epifit.sampling._chains import (
+    resolve_chain_method,
+    run_sequential,
+    run_vectorized,
+)
 from epifit.sampling._checkpoint import chain_checkpoint
 from epifit.sampling._density import LogDensity
 from epifit.sampling._nuts import (
     NutsSettings,
     Programs,
     initial_inverse_mass,
-    run_chain,
     start_points,
 )
 from epifit.sampling._posterior import Posterior, posterior_data
+from epifit.sampling._processes import run_processes
 from epifit.simulation import Problem
 
 __all__ = ["sample"]
@@ -33,6 +38,7 @@ def sample(
     *,
     fit: str | os.PathLike | Mapping[str, Any] | None = None,
     init: FitResult | str | os.PathLike | None = None,
+    values: Mapping[str, Any] | None = None,
     chains: int = 4,
     warmup: int = 500,
     draws: int = 1000,
@@ -41,6 +47,8 @@ def sample(
     target_accept: float = 0.8,
     max_tree_depth: int = 10,
     chunk: int = 50,
+    chain_method: str | None = None,
+    workers: int | None = None,
     checkpoint: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool | str = "auto",
@@ -55,20 +63,33 @@ def sample(
     adaptation (`warmup` iterations, Stan's schedule), then draws `draws`
     samples. Chains start from draws of the Laplace approximation at the MAP
     (which `init`, a `FitResult` or `FIT.nc`, gives; else `calibrate` finds
-    it first) and run one after another; the Laplace covariance (its diagonal
-    for `mass_matrix="diagonal"`) seeds the mass matrix.
+    it first); the Laplace covariance (its diagonal for
+    `mass_matrix="diagonal"`) seeds the mass matrix. A chain's draws depend
+    on `seed`, the chain and the draw's index alone: not on `chain_method`
+    (but for rounding), `chunk` or an interruption and resume.
 
     Args:
         model_or_problem, data, fit: as for `calibrate` (a `Problem`, or a
             model and its data; `fit` a `FIT.toml`, its priors and solver
             settings used here too). With `init` a `FitResult` bound to its
             data, neither is needed.
+        values: start from these constrained values (as `calibrate`'s
+            `values`; `{}`: the model's) instead of a MAP: no calibrate run,
+            no Laplace approximation (starts 0.1 apart in each unconstrained
+            coordinate, an identity first mass matrix), no embedded fit.
         chains, warmup, draws: the sampler's size.
         seed: the seed of the starts, the warm-up and every draw.
         mass_matrix: `diagonal` or `dense`.
         target_accept: the warm-up's target acceptance rate.
         max_tree_depth: NUTS' maximum number of trajectory doublings.
         chunk: draws per compiled call (a checkpoint and a progress step each).
+        chain_method: `sequential` (one after another, in this process),
+            `vectorized` (every chain in one vmapped program, in lockstep;
+            the default on a GPU or TPU, else `sequential`) or `processes`
+            (spawned single-threaded CPU workers, each compiling its own
+            programs).
+        workers: with `processes`, the number of worker processes (default
+            one per core; never more than `chains`).
         checkpoint: a file the chains are saved to atomically after the
             warm-up and every chunk; `resume=True` continues from it.
         progress: a progress bar per chain on stderr.
@@ -80,28 +101,23 @@ def sample(
         so that the posterior file alone can be forecast).
     """
     wall = time.perf_counter()
-    settings = NutsSettings(
-        chains=chains,
-        warmup=warmup,
-        draws=draws,
-        seed=seed,
-        mass_matrix=mass_matrix,
-        target_accept=target_accept,
-        max_tree_depth=max_tree_depth,
-        chunk=chunk,
-    )
-    start = _map(model_or_problem, data, fit, init)
+    settings = NutsSettings(chains=chains, warmup=warmup, draws=draws, seed=seed,
+                            mass_matrix=mass_matrix, target_accept=target_accept,
+                            max_tree_depth=max_tree_depth, chunk=chunk)  # fmt: skip
+    method, n_workers = resolve_chain_method(chain_method, workers, chains)
+    start = (_map if values is None else _given)(model_or_problem, data, fit, init,
+                                                 values)  # fmt: skip
     objective = start["objective"]
     data_ = objective.data()
     density = LogDensity(objective)
     x_map = np.asarray(start["x"], np.float64)
     starts = start_points(x_map, start["covariance"], settings)
     imm0 = jnp.asarray(initial_inverse_mass(start["covariance"], x_map.size, settings))
-    programs = Programs(density, settings)
     store = chain_checkpoint(checkpoint, resume, objective, settings, starts)
     t0 = time.perf_counter()
-    results = _run_chains(programs, starts.astype(x_map.dtype), imm0, data_, store,
-                          progress)  # fmt: skip
+    with _bars(progress, settings) as bar:
+        results = _run_chains(method, n_workers, density, settings,
+                              starts.astype(x_map.dtype), imm0, store, bar)  # fmt: skip
     sampling_s = time.perf_counter() - t0
     idata = posterior_data(
         density,
@@ -109,44 +125,62 @@ def sample(
         results,
         settings,
         x_map=x_map,
-        provenance=start["provenance"],
-        timing={
-            "sampling_s": sampling_s,
-            "wall_s": time.perf_counter() - wall,
-            "warmup_s": [r["warmup_s"] for r in results],
-            "draws_s": [r["draws_s"] for r in results],
-        },
+        provenance=start["provenance"] | _method_attrs(method, n_workers),
+        timing=_timing(results, sampling_s, time.perf_counter() - wall),
         fit=start["fit"],
     )
     return Posterior(idata, fit=start["fit"])
 
 
-def _run_chains(programs, starts, imm0, data, store, progress) -> list[dict]:
-    """Every chain, one after another, saved by `store` after each chunk."""
-    settings = programs.settings
-    results = []
-    with _bars(progress, settings) as bar:
-        for c in range(settings.chains):
-
-            def on_chunk(snap, c=c):
-                store.save(snap)
-                bar(c, snap["done"])
-
-            results.append(
-                run_chain(
-                    programs,
-                    c,
-                    starts[c],
-                    imm0,
-                    data,
-                    resume=store.load(c),
-                    on_chunk=on_chunk,
-                )  # fmt: skip
-            )
-    return results
+def _run_chains(method, workers, density, settings, starts, imm0, store, bar):
+    """The chains' results by `method` (see `_chains.py`)."""
+    if method == "processes":
+        return run_processes(density, settings, starts, imm0, store, bar, workers)
+    run = run_sequential if method == "sequential" else run_vectorized
+    data = density.objective.data()
+    return run(Programs(density, settings), starts, imm0, data, store, bar)
 
 
-def _map(model_or_problem, data, fit, init) -> dict:
+def _timing(results, sampling_s: float, wall_s: float) -> dict:
+    return {
+        "sampling_s": sampling_s,
+        "wall_s": wall_s,
+        "warmup_s": [r["warmup_s"] for r in results],
+        "draws_s": [r["draws_s"] for r in results],
+    }
+
+
+def _method_attrs(method: str, workers: int) -> dict:
+    return {"chain_method": method} | (
+        {"workers": workers} if method == "processes" else {}
+    )
+
+
+def _problem(model_or_problem, data) -> Problem:
+    if isinstance(model_or_problem, Problem):
+        return model_or_problem
+    if model_or_problem is None or data is None:
+        raise ValueError("sample needs a model and its data, a Problem, or init")
+    return Problem(model_or_problem, data)
+
+
+def _given(model_or_problem, data, fit, init, values) -> dict:
+    """The objective sampled, from constrained `values` (no MAP)."""
+    if init is not None:
+        raise ValueError("give init (a fit to start from) or values, not both")
+    problem = _problem(model_or_problem, data)
+    setup = resolve_fit(problem, fit_config(fit), values=values)
+    hashes = problem.hashes()
+    return {
+        "fit": None,
+        "objective": setup.objective,
+        "x": setup.objective.free.x0,
+        "covariance": None,
+        "provenance": {k: v or "" for k, v in hashes.items()} | {"start": "values"},
+    }
+
+
+def _map(model_or_problem, data, fit, init, values=None) -> dict:
     """The MAP, its Laplace covariance and the objective sampled."""
     if isinstance(init, str | os.PathLike):
         init = FitResult.from_netcdf(Path(init), data=data)
@@ -155,13 +189,7 @@ def _map(model_or_problem, data, fit, init) -> dict:
             f"init must be a FitResult or a FIT.nc path; got {type(init).__name__}"
         )
     if init is None:
-        if isinstance(model_or_problem, Problem):
-            problem = model_or_problem
-        elif model_or_problem is None or data is None:
-            raise ValueError("sample needs a model and its data, a Problem, or init")
-        else:
-            problem = Problem(model_or_problem, data)
-        init = calibrate(problem, fit=fit, progress=False)
+        init = calibrate(_problem(model_or_problem, data), fit=fit, progress=False)
         if fit is None:
             fit = init.fit_config
     if init.problem is None:

@@ -1,0 +1,32 @@
+"""The environment of a single-threaded JAX worker process."""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["THREAD_VARS", "XLA_FLAGS", "cpu_cores", "single_threaded_env"]
+
+# no multi-threaded Eigen and one intra-op thread per XLA CPU client, so that
+# N workers use N cores, not N x N threads (as epifit.batch's workers)
+XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def single_threaded_env(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """XLA limited to one thread (the flags appended to any `XLA_FLAGS`
+    already set), BLAS to one thread, and the shared compilation cache
+    (`EPIFIT_CACHE_DIR`) when `cache_dir` is given."""
+    flags = os.environ.get("XLA_FLAGS", "")
+    env = {"XLA_FLAGS": f"{flags} {XLA_FLAGS}".strip()}
+    env.update({k: "1" for k in THREAD_VARS})
+    if cache_dir is not None:
+        env["EPIFIT_CACHE_DIR"] = str(cache_dir)
+    return env
+
+
+def cpu_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - macOS, Windows
+        return os.cpu_count() or 1
