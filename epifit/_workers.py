@@ -7,7 +7,7 @@ import os
 __all__ = ["THREAD_VARS", "XLA_FLAGS", "cpu_cores", "single_threaded_env"]
 
 # no multi-threaded Eigen and one intra-op thread per XLA CPU client, so that
-# N workers use N cores, not N x N threads (as epifit.batch's workers)
+# N workers use N cores, not N x N threads (epifit.batch.worker_env uses it too)
 XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 

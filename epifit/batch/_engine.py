@@ -22,24 +22,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from epifit._workers import single_threaded_env
+
 __all__ = ["RETRIES", "open_client", "run_tasks", "worker_env"]
 
 RETRIES = 2
-# no multi-threaded Eigen and one intra-op thread per XLA CPU client
-XLA_FLAGS = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def worker_env(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
     """The environment of a batch worker: XLA limited to one thread (the
     flags appended to any `XLA_FLAGS` already set), BLAS to one thread, and
-    the shared compilation cache (`EPIFIT_CACHE_DIR`)."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    env = {"XLA_FLAGS": f"{flags} {XLA_FLAGS}".strip()}
-    env.update({k: "1" for k in THREAD_VARS})
-    if cache_dir is not None:
-        env["EPIFIT_CACHE_DIR"] = str(cache_dir)
-    return env
+    the shared compilation cache (`EPIFIT_CACHE_DIR`); the sampler's chain
+    workers get the same (`epifit._workers.single_threaded_env`)."""
+    return single_threaded_env(cache_dir)
 
 
 def _check_start_method() -> None:
