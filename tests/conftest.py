@@ -19,7 +19,8 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 # this file (the xdist controller, or a plain pytest run) makes the folder and
 # hands it on in the environment; it deletes it at the end. A cached
 # executable is the one XLA compiled for the same program, so no result
-# changes; EPIFIT_TEST_JAX_CACHE=0 turns the cache off.
+# changes. EPIFIT_TEST_JAX_CACHE=0 turns the cache off; a folder given there
+# is used and kept.
 CACHE_VAR = "EPIFIT_TEST_JAX_CACHE"
 _OWN_CACHE = None
 if os.environ.get(CACHE_VAR) != "0":
