@@ -4,6 +4,8 @@ per-group susceptibility."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -111,9 +113,16 @@ RECIPES = {
 }
 
 
+@functools.cache
+def simulated(name: str) -> xr.Dataset:
+    """`epifit.simulate` of recipe `name` on its dataset, once per session (the
+    tests below read it, none changes it)."""
+    return epifit.simulate(f"models/{name}.toml", RECIPES[name]())
+
+
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_recipe_loads_and_simulates(name):
-    out = epifit.simulate(f"models/{name}.toml", RECIPES[name]())
+    out = simulated(name)
     model = Problem(f"models/{name}.toml", RECIPES[name]()).model
     for c in model.compartments:
         assert np.isfinite(out[c].values).all() and (out[c].values >= -1e-9).all()
@@ -125,7 +134,7 @@ def test_recipe_loads_and_simulates(name):
 
 
 def test_age_groups_keep_their_populations():
-    out = epifit.simulate("models/seir_age3.toml", age_dataset())
+    out = simulated("seir_age3")
     total = sum(out[c].values for c in ("S", "E", "I", "R"))
     np.testing.assert_allclose(
         total, np.broadcast_to(POPULATION, total.shape), rtol=1e-9
@@ -153,7 +162,7 @@ def test_age_structured_susceptibility_is_recovered():
 
 
 def test_vaccination_gives_the_doses_while_susceptibles_last():
-    out = epifit.simulate("models/seir_vaccination.toml", vaccination_dataset())
+    out = simulated("seir_vaccination")
     vaccinated = out["predicted_vaccinated"].values[1:, 0]
     np.testing.assert_allclose(vaccinated[:29], 0.0, atol=1e-9)
     # 90% of 800 doses a day protect, while S is large
@@ -161,7 +170,7 @@ def test_vaccination_gives_the_doses_while_susceptibles_last():
 
 
 def test_measles_recurs_over_twenty_years():
-    out = epifit.simulate("models/measles_seasonal.toml", measles_dataset())
+    out = simulated("measles_seasonal")
     weekly = out["predicted_cases"].values[:, 0]
     weekly = weekly[np.isfinite(weekly)]
     years = weekly[: 52 * 20].reshape(20, 52).sum(axis=1)
