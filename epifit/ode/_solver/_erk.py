@@ -170,7 +170,7 @@ class AbstractERK(AbstractSolver):
 
         Only the state cotangents `nu_i` form the recursion; `ct_theta` is
         taken once per step, as the pull-back of `f` batched over the stages
-        (`vmap` over `(t_i, Y_i)`, [`_theta_vjp`][]), so each parameter's
+        (`vmap` over `(t_i, Y_i)`, `_theta_vjp`), so each parameter's
         reduction over the state runs once per step instead of once per stage
         (measurements: `epifit/ode/README.md`).
 
