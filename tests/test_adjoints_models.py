@@ -100,16 +100,13 @@ def _reference_loss(model, cov, init, data, sm, adjoint, ctrl=CTRL):
     return loss
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", ["checkpoint", "backsolve", "interpolating", "quadrature"]
-)
-def test_reference_model_gradient_matches_diffrax(reference20, reference_problem, name):
-    """The reference at 20 patches with its MLP: epifit's gradients w.r.t. the flat
-    parameter vector against diffrax's (Tsit5 at tight tolerance restarted on each
-    half day, where the day index is constant, with the reference's own vector
-    field)."""
-    P, model, cov, init, _ = reference20
+@pytest.fixture(scope="module")
+def diffrax_gradient20(reference20, reference_problem):
+    """diffrax's gradient of the reference loss at 20 patches at `p_init`
+    (Tsit5 at tight tolerance restarted on each half day, where the day index
+    is constant, with the reference's own vector field): computed once for
+    every adjoint's test."""
+    P = reference20[0]
     sm = reference_problem
     data = jnp.asarray(P["data"])
     mob, cpl = jnp.asarray(P["mobility"]), jnp.asarray(P["coupling"])
@@ -143,9 +140,23 @@ def test_reference_model_gradient_matches_diffrax(reference20, reference_problem
         sol = jnp.concatenate([u0[None], ys[1::2]])
         return sm.loss_from_solution(sol, data)
 
+    return jax.jit(jax.grad(diffrax_loss))(jnp.asarray(P["p_init"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["checkpoint", "backsolve", "interpolating", "quadrature"]
+)
+def test_reference_model_gradient_matches_diffrax(
+    reference20, reference_problem, diffrax_gradient20, name
+):
+    """The reference at 20 patches with its MLP: epifit's gradients w.r.t. the flat
+    parameter vector against diffrax's (`diffrax_gradient20`)."""
+    P, model, cov, init, _ = reference20
+    data = jnp.asarray(P["data"])
     p0 = jnp.asarray(P["p_init"])
-    g_ref = jax.jit(jax.grad(diffrax_loss))(p0)
-    loss = _reference_loss(model, cov, init, data, sm, ADJOINTS[name])
+    g_ref = diffrax_gradient20
+    loss = _reference_loss(model, cov, init, data, reference_problem, ADJOINTS[name])
     g = jax.jit(jax.grad(loss))(p0)
     assert _rel(g, g_ref) < 1e-5
 
