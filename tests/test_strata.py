@@ -181,7 +181,7 @@ def test_binding_reorders_strata_labels():
     )
 
 
-@pytest.mark.slow  # ~35 s on one core: five adjoints compiled
+@pytest.mark.slow  # five adjoints compiled (~43 s on one core, with a sixth)
 def test_gradient_in_per_stratum_parameters_agrees_across_adjoints():
     """The same gradient from each of the five adjoints, within the error of
     the adjoint ODE's tolerance, and each against central differences."""
