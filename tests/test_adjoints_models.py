@@ -1,10 +1,14 @@
 """Every adjoint's gradient on epidemic models: a box-car SEIRD against finite
-differences, and the reference metapopulation model at 20 patches against
-diffrax, directional derivatives and the covariates' (absent) cotangents.
+differences, the reference metapopulation model at 20 patches against
+diffrax, directional derivatives and the covariates' (absent) cotangents, and
+one model holding the reported, open-population and time-varying pieces of
+issues 19 and 20 against finite differences.
 (Split from `test_adjoints.py` so that the two halves run on both test
 workers.)"""
 
 from __future__ import annotations
+
+import functools
 
 import diffrax
 import equinox as eqx
@@ -12,17 +16,26 @@ import jax
 import jax.extend.core
 import jax.numpy as jnp
 import numpy as np
+import pandas as pd
 import pytest
-from adjoint_cases import ADJOINTS, CTRL, GRAD_RTOL
+import xarray as xr
+from adjoint_cases import ADJOINT_NAMES, ADJOINTS, CTRL, GRAD_RTOL
 from adjoint_cases import finite_differences as _fd
 from adjoint_cases import rel_error as _rel
-from helpers import params_from_flat, reference_covariates, reference_initial_data
+from helpers import (
+    params_from_flat,
+    reference_covariates,
+    reference_initial_data,
+    to_toml,
+)
 
 import epifit.model as em
+from epifit.fitting import FreeParameters, Objective
 from epifit.ode import (
     CheckpointAdjoint,
     solve,
 )
+from epifit.simulation import Problem, SolverSettings
 
 
 # ------------------------------------------------------------------- box-car SEIRD
@@ -87,16 +100,13 @@ def _reference_loss(model, cov, init, data, sm, adjoint, ctrl=CTRL):
     return loss
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "name", ["checkpoint", "backsolve", "interpolating", "quadrature"]
-)
-def test_reference_model_gradient_matches_diffrax(reference20, reference_problem, name):
-    """The reference at 20 patches with its MLP: epifit's gradients w.r.t. the flat
-    parameter vector against diffrax's (Tsit5 at tight tolerance restarted on each
-    half day, where the day index is constant, with the reference's own vector
-    field)."""
-    P, model, cov, init, _ = reference20
+@pytest.fixture(scope="module")
+def diffrax_gradient20(reference20, reference_problem):
+    """diffrax's gradient of the reference loss at 20 patches at `p_init`
+    (Tsit5 at tight tolerance restarted on each half day, where the day index
+    is constant, with the reference's own vector field): computed once for
+    every adjoint's test."""
+    P = reference20[0]
     sm = reference_problem
     data = jnp.asarray(P["data"])
     mob, cpl = jnp.asarray(P["mobility"]), jnp.asarray(P["coupling"])
@@ -130,9 +140,23 @@ def test_reference_model_gradient_matches_diffrax(reference20, reference_problem
         sol = jnp.concatenate([u0[None], ys[1::2]])
         return sm.loss_from_solution(sol, data)
 
+    return jax.jit(jax.grad(diffrax_loss))(jnp.asarray(P["p_init"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "name", ["checkpoint", "backsolve", "interpolating", "quadrature"]
+)
+def test_reference_model_gradient_matches_diffrax(
+    reference20, reference_problem, diffrax_gradient20, name
+):
+    """The reference at 20 patches with its MLP: epifit's gradients w.r.t. the flat
+    parameter vector against diffrax's (`diffrax_gradient20`)."""
+    P, model, cov, init, _ = reference20
+    data = jnp.asarray(P["data"])
     p0 = jnp.asarray(P["p_init"])
-    g_ref = jax.jit(jax.grad(diffrax_loss))(p0)
-    loss = _reference_loss(model, cov, init, data, sm, ADJOINTS[name])
+    g_ref = diffrax_gradient20
+    loss = _reference_loss(model, cov, init, data, reference_problem, ADJOINTS[name])
     g = jax.jit(jax.grad(loss))(p0)
     assert _rel(g, g_ref) < 1e-5
 
@@ -177,3 +201,151 @@ def test_covariates_get_no_cotangent(reference20, reference_problem):
                 yield from shapes(sub)
 
     assert cube not in set(shapes(jaxpr.jaxpr))
+
+
+# ------------------------------------ reported, open and time-varying pieces at once
+# One model holding the pieces of issues 19 and 20 whose gradients the adjoints
+# must get right: a delayed, ascertained negative-binomial report with a fitted
+# week effect and weekly totals (test_observation_flows.py), rates that read the
+# state (`eff * doses / S`, `beta * exp(-k * I / N)`; test_open_population.py),
+# and a weekly-piece beta under a random-walk prior (test_time_varying.py). One
+# compiled gradient per adjoint covers them all (a model each compiled five
+# gradients each).
+OPEN_REPORTED_TV = {
+    "name": "open_reported_tv",
+    "compartments": ["S", "E", "I", "R", "V"],
+    "parameters": {
+        "beta": {
+            "value": 0.5,
+            "transform": "softplus",
+            "per_time": 10,
+            "smoothing": {"kind": "random_walk", "sd": 0.3, "order": 1},
+        },
+        "sigma": {"value": 0.25, "transform": "softplus"},
+        "gamma": {"value": 0.2, "transform": "softplus"},
+        "omega": {"value": 0.01, "transform": "softplus"},
+        "k": {"value": 20.0, "transform": "softplus"},
+        "eff": {"value": 0.9, "transform": "sigmoid"},
+        "N": {"value": 1000.0, "fixed": True},
+        "phi": {"value": 20.0, "transform": "softplus"},
+        "dmean": {"value": 5.0, "transform": "softplus"},
+        "dsd": {"value": 2.5, "transform": "softplus"},
+        "rho": {"value": 0.6, "transform": "sigmoid"},
+        "s": {"value": 2.0, "transform": "softplus"},
+    },
+    "covariates": {
+        "testing": {"dims": ["time"], "rule": "floor"},
+        "doses": {"dims": ["time"], "rule": "floor"},
+    },
+    "transitions": [
+        {"from": "E", "to": "I", "rate": "sigma"},
+        {"from": "I", "to": "R", "rate": "gamma"},
+        {"from": "R", "to": "S", "rate": "omega"},
+        {"from": "S", "to": "V", "rate": "eff * doses / S"},
+    ],
+    "infections": [
+        {
+            "from": "S",
+            "to": "E",
+            "transmission": "beta * exp(-k * I / N)",
+            "infectious": ["I"],
+            "normalize": "population",
+            "population": "N",
+        }
+    ],
+    "initial": {"S": "N - 10", "I": "10"},
+    "observations": [
+        {
+            "name": "cases",
+            "kind": "flow",
+            "transition": "S->E",
+            "family": "negative_binomial",
+            "dispersion": "phi",
+            "delay": {"family": "gamma", "mean": "dmean", "sd": "dsd", "max_days": 20},
+            "ascertainment": "rho * testing",
+            "week_effect": "dow",
+        },
+        {
+            "name": "weekly",
+            "kind": "flow",
+            "transition": "R->S",
+            "family": "gaussian",
+            "sd": "s",
+            "period": 7,
+        },
+        {
+            "name": "vaccinated",
+            "kind": "flow",
+            "transition": "S->V",
+            "family": "poisson",
+        },
+    ],
+}
+# the parameters each issue's pieces bring, checked against finite differences
+# group by group (a wrong gradient in one group cannot hide behind the others)
+# (a name ending in "_" or "[t" stands for all its labels)
+PIECES = {
+    "reported": ("phi", "dmean", "dsd", "rho", "dow_", "s"),
+    "state-reading rates": ("k", "eff"),
+    "time-varying beta": ("beta[t",),
+}
+_DOW = (0.2, 0.1, -0.1, 0.0, 0.05, -0.15)  # Monday to Saturday; Sunday is the rest
+
+
+def _of(label: str, names) -> bool:
+    return any(
+        label.startswith(n) if n.endswith(("_", "[t")) else label == n for n in names
+    )
+
+
+@pytest.mark.slow
+def test_gradients_of_reported_open_and_time_varying_pieces_agree_across_adjoints():
+    days = 40
+    rng = np.random.default_rng(1)
+    doses = np.where(np.arange(days) < 20, 1.0, 3.0)  # a campaign from day 20
+    ds = xr.Dataset(
+        {
+            "testing": ("time", 0.8 + 0.4 * rng.random(days)),
+            "doses": ("time", doses),
+            "cases": ("time", rng.poisson(8.0, days).astype(float)),
+            "weekly": ("time", np.where(np.arange(days) % 7 == 6, 3.0, np.nan)),
+            "vaccinated": ("time", np.r_[np.nan, 0.8 * doses[:-1] + 0.1]),
+        },
+        coords={"time": pd.date_range("2021-03-01", periods=days)},  # a Monday
+    )
+    ds["weekly"].attrs["period"] = 7
+    model = em.loads_model(to_toml(OPEN_REPORTED_TV), path="models/x.toml")
+    problem = Problem(model, ds)
+    params = problem.init_params()
+    dow = dict(zip(("mon", "tue", "wed", "thu", "fri", "sat"), _DOW, strict=True))
+    params = {
+        **params,
+        "beta": params["beta"] + jnp.asarray([0.1, -0.2, 0.3, 0.0]),
+        **{f"dow_{d}": jnp.asarray(v) for d, v in dow.items()},
+    }
+    free = FreeParameters(problem, params)
+    x = free.x0
+    labels = free.labels
+    assert sum(lab.startswith("beta[t") for lab in labels) == 4
+    assert sum(lab.startswith("dow_") for lab in labels) == 6
+    assert {"dmean", "dsd", "rho", "k", "eff", "gamma"} <= set(labels)
+    grads, value_and_grad = {}, {}
+    for adjoint in ADJOINT_NAMES:
+        settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
+        objective = Objective(problem, free, settings)
+        data = objective.data()
+        f = jax.jit(jax.value_and_grad(objective.loss))
+        value_and_grad[adjoint] = functools.partial(f, data=data)
+        grads[adjoint] = np.asarray(f(x, data)[1])
+    # the loss is the same function for every adjoint: the checkpoint's
+    # compiled value gives the finite differences (no sixth compile)
+    fd = _fd(lambda v: value_and_grad["checkpoint"](v)[0], x)
+    assert np.all(np.abs(fd) > 1e-3)  # every parameter moves the loss
+    for piece, names in PIECES.items():
+        rows = [i for i, lab in enumerate(labels) if _of(lab, names)]
+        assert rows, piece
+        for adjoint, g in grads.items():
+            assert _rel(g[rows], fd[rows]) < 1e-5, (piece, adjoint)
+    for adjoint, g in grads.items():
+        assert _rel(g, fd) < 1e-5, adjoint
+        assert _rel(g, grads["checkpoint"]) < 1e-5, adjoint

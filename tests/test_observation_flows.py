@@ -1,23 +1,19 @@
 """Observations as epidemiologists record them (issue 19): flows integrated
 beside the state, the incidence-with-inflows error, reporting delays, week
-effects, ascertainment from a covariate, weekly totals, and gradients through
-all of it across adjoints."""
+effects, ascertainment from a covariate, weekly totals (their gradients across
+adjoints: test_adjoints_models.py)."""
 
 from __future__ import annotations
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pandas as pd
 import pytest
 import scipy.stats
 import xarray as xr
-from adjoint_cases import ADJOINT_NAMES, finite_differences, rel_error
 from helpers import to_toml
 from scipy.integrate import solve_ivp
 
 from epifit.data import DataError
-from epifit.fitting import FreeParameters, Objective
 from epifit.model import ModelSpecError, loads_model
 from epifit.simulation import Problem, SolverSettings
 
@@ -408,64 +404,13 @@ def test_daily_observation_on_weekly_data_is_a_data_error():
         Problem(load(WEEKLY), daily)
 
 
-# -- gradients -------------------------------------------------------------------
-FITTED = {
-    **REPORTED,
-    "observations": [
-        {**REPORTED["observations"][0], "week_effect": "dow"},
-        {
-            "name": "weekly",
-            "kind": "flow",
-            "transition": "R->S",
-            "family": "gaussian",
-            "sd": "s",
-            "period": 7,
-        },
-    ],
-    "parameters": {
-        **REPORTED["parameters"],
-        "s": {"value": 2.0, "transform": "softplus"},
-    },
-}
-
-
-@pytest.mark.slow
-def test_gradients_through_every_new_piece_agree_with_fd_and_across_adjoints():
-    days = 50
-    rng = np.random.default_rng(1)
-    ds = _dataset(days, cases=rng.poisson(8.0, days).astype(float))
-    ds["weekly"] = ("time", np.where(np.arange(days) % 7 == 6, 3.0, np.nan))
-    ds["weekly"].attrs["period"] = 7
-    problem = Problem(load(FITTED), ds)
-    params = problem.init_params()
-    params = {
-        **params,
-        **{
-            k: jnp.asarray(v)
-            for k, v in zip(
-                [f"dow_{d}" for d in ("mon", "tue", "wed", "thu", "fri", "sat")],
-                [0.2, 0.1, -0.1, 0.0, 0.05, -0.15],
-                strict=True,
-            )
-        },
-    }
-    free = FreeParameters(problem, params)
-    x = free.x0
-    grads = {}
-    for adjoint in ADJOINT_NAMES:
-        settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
-        objective = Objective(problem, free, settings)
-        data = objective.data()
-        grads[adjoint] = np.asarray(jax.jit(jax.grad(objective.loss))(x, data))
-    objective = Objective(problem, free, TIGHT)
-    data = objective.data()
-    loss = jax.jit(lambda v: objective.loss(v, data))
-    fd = finite_differences(loss, x)
-    labels = free.labels
-    assert any("dmean" in lab for lab in labels) and any("dow" in lab for lab in labels)
-    for adjoint, g in grads.items():
-        assert rel_error(g, fd) < 1e-5, adjoint
-        assert rel_error(g, grads["checkpoint"]) < 1e-5, adjoint
+# -- gradients ---------------------------------------------------------------------
+# The gradients through the delay, ascertainment, fitted week effect and weekly
+# totals across the five adjoints, against finite
+# differences: test_adjoints_models.py::
+# test_gradients_of_reported_open_and_time_varying_pieces_agree_across_adjoints
+# (one model with the pieces of issues 19 and 20, one compiled gradient per
+# adjoint).
 
 
 # -- the worked models -----------------------------------------------------------

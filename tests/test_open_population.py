@@ -2,7 +2,7 @@
 per-capita outflows (deaths), forcing through a covariate, and rates that
 read the state (a compartment's total in a rate: vaccination by doses per
 day, a prevalence-dependent transmission), against closed forms and
-`solve_ivp`, with gradients across adjoints."""
+`solve_ivp` (their gradients across adjoints: test_adjoints_models.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import xarray as xr
-from adjoint_cases import ADJOINT_NAMES, finite_differences, rel_error
 from scipy.integrate import solve_ivp
 
-from epifit.fitting import FreeParameters, Objective
 from epifit.model import (
     ModelBuilder,
     ModelSpecError,
@@ -557,27 +555,12 @@ def test_a_rate_dividing_by_an_empty_compartment_is_finite():
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
-@pytest.mark.slow
-def test_gradients_of_state_reading_rates_agree_with_fd_and_across_adjoints():
-    days = 60
-    rng = np.random.default_rng(2)
-    problem = Problem(model_of(SIRV), _sirv_dataset(days, rng.poisson(6.0, days)))
-    free = FreeParameters(problem, problem.init_params())
-    x = free.x0
-    grads = {}
-    for adjoint in ADJOINT_NAMES:
-        settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
-        objective = Objective(problem, free, settings)
-        data = objective.data()
-        grads[adjoint] = np.asarray(jax.jit(jax.grad(objective.loss))(x, data))
-    objective = Objective(problem, free, TIGHT)
-    data = objective.data()
-    fd = finite_differences(jax.jit(lambda v: objective.loss(v, data)), x)
-    assert {"beta", "k", "eff", "gamma"} <= set(free.labels)
-    assert np.all(np.abs(fd) > 1e-3)  # every parameter moves the loss
-    for adjoint, g in grads.items():
-        assert rel_error(g, fd) < 1e-5, adjoint
-        assert rel_error(g, grads["checkpoint"]) < 1e-5, adjoint
+# The gradients through rates that read the state (`eff * doses / S`,
+# `beta * exp(-k * I / N)`) across the five adjoints, against finite
+# differences: test_adjoints_models.py::
+# test_gradients_of_reported_open_and_time_varying_pieces_agree_across_adjoints
+# (one model with the pieces of issues 19 and 20, one compiled gradient per
+# adjoint).
 
 
 def test_frequency_dependence_on_a_changing_total_agrees_with_solve_ivp():

@@ -1,6 +1,6 @@
 """Time-varying parameters (issue 20, item 1): `per_time` pieces, splines and
-Fourier series, their random-walk smoothing prior, gradients, fits, FIT.nc
-and forecasts."""
+Fourier series, their random-walk smoothing prior, fits, FIT.nc and forecasts
+(their gradients across adjoints: test_adjoints_models.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import copy
 import math
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
@@ -16,10 +15,9 @@ import pytest
 import scipy.interpolate
 import scipy.stats
 import xarray as xr
-from adjoint_cases import finite_differences, rel_error
 from helpers import to_toml
 
-from epifit.fitting import FitResult, FreeParameters, Objective
+from epifit.fitting import FitResult, FreeParameters
 from epifit.model import ModelSpecError, compile_model, loads_model
 from epifit.simulation import Problem, SolverSettings
 
@@ -301,31 +299,11 @@ def test_ranges_that_read_a_time_varying_parameter_are_checked_each_day():
 
 
 # -- gradients ------------------------------------------------------------------------
-def test_gradients_of_the_pieces_agree_with_fd_and_across_adjoints():
-    days = 40
-    smoothing = {"kind": "random_walk", "sd": 0.3, "order": 1}
-    data = with_beta(per_time=10, smoothing=smoothing)
-    cases = np.random.default_rng(2).poisson(30.0, days).astype(float)
-    problem = Problem(load(data), dataset(days, cases))
-    params = problem.init_params()
-    params["beta"] = params["beta"] + jnp.asarray([0.1, -0.2, 0.3, 0.0])
-    free = FreeParameters(problem, params)
-    x = free.x0
-    grads = {}
-    adjoints = ("checkpoint", "forward", "backsolve", "interpolating", "quadrature")
-    for adjoint in adjoints:
-        settings = SolverSettings(rtol=1e-10, atol=1e-10, adjoint=adjoint)
-        objective = Objective(problem, free, settings)
-        data_ = objective.data()
-        grads[adjoint] = np.asarray(jax.jit(jax.grad(objective.loss))(x, data_))
-    objective = Objective(problem, free, TIGHT)
-    data_ = objective.data()
-    loss = jax.jit(lambda v: objective.loss(v, data_))
-    fd = finite_differences(loss, x)
-    assert sum(lab.startswith("beta[t") for lab in free.labels) == 4
-    for adjoint, g in grads.items():
-        assert rel_error(g, fd) < 1e-5, adjoint
-        assert rel_error(g, grads["checkpoint"]) < 1e-5, adjoint
+# The gradients through weekly pieces under a random-walk prior, across the
+# five adjoints against finite differences: test_adjoints_models.py::
+# test_gradients_of_reported_open_and_time_varying_pieces_agree_across_adjoints
+# (one model with the pieces of issues 19 and 20, one compiled gradient per
+# adjoint).
 
 
 # -- fits, FIT.nc and forecasts ------------------------------------------------
