@@ -353,12 +353,12 @@ def test_boarding_school_posterior_agrees_with_importance_sampling():
         },
     }
     data = repo / "data" / "boarding_school_1978.nc"
-    # from the priors' medians, not a fit: the warm-up finds the posterior, and
-    # no optimiser or Hessian is compiled (the chains' start is not tested here)
-    medians = {p: m for p, (m, _) in BOARDING_PRIORS.items()}
-    post = epifit.sample(spec, data, fit=fit, values=medians, chains=4, warmup=400,
-                         draws=500, seed=3, progress=False)  # fmt: skip
-    assert post.fit is None and post.data.posterior.attrs["start"] == "values"
+    # from a fit (the chains start at Laplace draws around the MAP): started
+    # from the priors' medians instead, 400 warm-up steps left R-hat at
+    # 1.0166 for I0 in one full run (1.01 is asserted), so the cheaper start
+    # was not kept
+    post = epifit.sample(spec, data, fit=fit, chains=4, warmup=400, draws=500,
+                         seed=3, progress=False)  # fmt: skip
     table = post.diagnostics()
     assert (table.loc[list(BOARDING_PRIORS), "r_hat"] <= 1.01).all(), table
     y = xr.open_dataset(data)["in_bed"].values.astype(float)

@@ -33,7 +33,7 @@ def worker_env(cache_dir: str | os.PathLike | None = None) -> dict[str, str]:
     """The environment of a batch worker: XLA limited to one thread (the
     flags appended to any `XLA_FLAGS` already set), BLAS to one thread, and
     the shared compilation cache (`EPIFIT_CACHE_DIR`); the sampler's chain
-    workers get the same (`epifit._workers.single_threaded_env`)."""
+    workers get the same environment."""
     return single_threaded_env(cache_dir)
 
 
