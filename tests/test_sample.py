@@ -543,3 +543,52 @@ def test_cli_forecasts_a_posterior_file_alone(school_run, tmp_path, monkeypatch)
     assert "fit" in idata.groups() and idata.fit.attrs["epifit_kind"] == "fit"
     assert not [w for w in caught if "group" in str(w.message)], caught
     assert np.isfinite(table["mean"]).all() and np.isfinite(loo.elpd_loo)
+
+
+def test_non_finite_starts_are_pulled_towards_the_map():
+    from epifit.sampling._nuts import MAX_SHRINKS, finite_start_points
+
+    def loss(xs, data):  # finite inside the unit box only
+        xs = np.asarray(xs)
+        return np.where(np.abs(xs).max(axis=1) < 1.0, 0.0, np.inf)
+
+    x_map = np.array([0.0, 0.0])
+    starts = np.array([[0.5, -0.5], [4.0, 0.0], [1e5, -1e5]])
+    out = finite_start_points(starts, x_map, loss, None)
+    np.testing.assert_array_equal(out[0], starts[0])  # a finite start is kept
+    np.testing.assert_array_equal(out[1], [0.5, 0.0])  # 4 -> 2 -> 1 -> 0.5
+    assert np.all(np.abs(out[2]) < 1.0)
+    np.testing.assert_allclose(out[2], starts[2] * 0.5**17)  # the first finite one
+    # far out, the last resort is the MAP itself
+    out = finite_start_points(np.array([[1e300, 0.0]]), x_map, loss, None)
+    np.testing.assert_array_equal(out, [[0.0, 0.0]])
+    assert MAX_SHRINKS < 1000
+    with pytest.raises(FloatingPointError, match="not finite at the MAP"):
+        finite_start_points(starts, np.array([2.0, 0.0]), loss, None)
+
+
+@pytest.mark.slow
+def test_chains_leave_a_wide_laplace_approximation_from_finite_starts():
+    """Laplace draws where the density is -inf (Poisson counts of a negative
+    prevalence) would leave the chains stuck: the starts are pulled in."""
+    import dataclasses
+
+    text = DECAY.replace('family = "gaussian"\nsd = "4.0"', 'family = "poisson"')
+    rng = np.random.default_rng(3)
+    M = _design(DAYS)
+    y = rng.poisson(M @ np.array([TRUTH["A0"], TRUTH["B0"]]))
+    dates = np.datetime64("2021-01-01") + np.arange(DAYS).astype("timedelta64[D]")
+    ds = xr.Dataset(
+        {"a_obs": ("time", y[:DAYS]), "b_obs": ("time", y[DAYS:])},
+        coords={"time": dates},
+    )
+    spec = loads_model(text, path="d.toml")
+    fit = epifit.calibrate(spec, ds, fit=FIT, progress=False)
+    wide = dataclasses.replace(fit, covariance=fit.covariance * 1e6)
+    post = epifit.sample(init=wide, chains=2, warmup=40, draws=40, seed=1,
+                         progress=False)  # fmt: skip
+    lp = post.data.sample_stats["lp"].values
+    assert np.all(np.isfinite(lp))
+    assert post.data.sample_stats["diverging"].values.mean() < 0.5
+    a0 = post.data.posterior["A0"].values
+    assert np.all(a0 > 0) and np.std(a0) > 0

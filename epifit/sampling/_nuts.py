@@ -87,6 +87,43 @@ def start_points(x_map, covariance, settings: NutsSettings) -> np.ndarray:
     return x_map + z @ root.T
 
 
+MAX_SHRINKS = 20
+
+
+def finite_start_points(starts, x_map, loss, data) -> np.ndarray:
+    """`starts` with every non-finite one pulled towards the MAP.
+
+    A draw of the Laplace approximation can land where the log density is
+    not finite (a solve that fails, a zero likelihood where cases are
+    observed: a wide covariance along a weakly identified direction, such as
+    a neural network's weights, makes it likely), and a chain started there
+    never moves. Such a start is replaced by the MAP plus half its offset,
+    again while it stays non-finite; after `MAX_SHRINKS` halvings it is the
+    MAP itself. `loss(xs, data)` is the objective at a batch of points (the
+    negative log density up to the log-Jacobian, finite where it is).
+    Deterministic, so a resumed run finds the same starts.
+
+    Raises:
+        FloatingPointError: the loss is not finite at the MAP either.
+    """
+    starts = np.asarray(starts, np.float64)
+    x_map = np.asarray(x_map, np.float64)
+    xs = starts.copy()
+    for k in range(1, MAX_SHRINKS + 2):
+        f = np.asarray(loss(jnp.asarray(xs, x_map.dtype), data))
+        bad = ~np.isfinite(f)
+        if not bad.any():
+            return xs
+        if k > MAX_SHRINKS:
+            break
+        t = 0.5**k if k < MAX_SHRINKS else 0.0
+        xs[bad] = x_map + t * (starts[bad] - x_map)
+    raise FloatingPointError(
+        "The log posterior is not finite at the MAP the chains start from "
+        f"(loss {f[bad][0]!r}); check the fit (init) and its data."
+    )
+
+
 def initial_inverse_mass(covariance, n: int, settings: NutsSettings):
     """The first window's inverse mass matrix: the Laplace covariance (its
     diagonal for a diagonal one), identity without one."""

@@ -22,6 +22,7 @@ from epifit.sampling._density import LogDensity
 from epifit.sampling._nuts import (
     NutsSettings,
     Programs,
+    finite_start_points,
     initial_inverse_mass,
     start_points,
 )
@@ -63,7 +64,8 @@ def sample(
     adaptation (`warmup` iterations, Stan's schedule), then draws `draws`
     samples. Chains start from draws of the Laplace approximation at the MAP
     (which `init`, a `FitResult` or `FIT.nc`, gives; else `calibrate` finds
-    it first); the Laplace covariance (its diagonal for
+    it first), a draw where the log density is not finite pulled towards the
+    MAP until it is; the Laplace covariance (its diagonal for
     `mass_matrix="diagonal"`) seeds the mass matrix. A chain's draws depend
     on `seed`, the chain and the draw's index alone: not on `chain_method`
     (but for rounding), `chunk` or an interruption and resume.
@@ -112,6 +114,8 @@ def sample(
     density = LogDensity(objective)
     x_map = np.asarray(start["x"], np.float64)
     starts = start_points(x_map, start["covariance"], settings)
+    # a chain that starts where the density is not finite never moves
+    starts = finite_start_points(starts, x_map, objective.compiled("loss"), data_)
     imm0 = jnp.asarray(initial_inverse_mass(start["covariance"], x_map.size, settings))
     store = chain_checkpoint(checkpoint, resume, objective, settings, starts)
     t0 = time.perf_counter()
