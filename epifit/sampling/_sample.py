@@ -114,7 +114,6 @@ def sample(
     density = LogDensity(objective)
     x_map = np.asarray(start["x"], np.float64)
     starts = start_points(x_map, start["covariance"], settings)
-    # a chain that starts where the density is not finite never moves
     starts = finite_start_points(starts, x_map, objective.compiled("loss"), data_)
     imm0 = jnp.asarray(initial_inverse_mass(start["covariance"], x_map.size, settings))
     store = chain_checkpoint(checkpoint, resume, objective, settings, starts)
