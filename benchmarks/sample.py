@@ -280,6 +280,10 @@ def _summarise_metapop(tool: str, rec: dict, a) -> dict:
         )
     out["grads"] = sum(rec.get("grads", []))
     out["complete"] = rec.get("chains") == a.chains
+    if iters and rec.get("divergences", 0) >= iters:  # a chain that never moved
+        out.pop("min_ess_bulk", None), out.pop("ess_per_s", None)
+        out["note"] = "every draw diverged: the chain did not move (a start of "
+        out["note"] += "-inf density?); its ESS is not reported"
     return out
 
 
