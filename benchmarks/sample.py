@@ -1,9 +1,13 @@
 """NUTS benchmark: epifit.sample against numpyro's NUTS over diffrax and
-over `jax.experimental.ode.odeint`, on the boarding-school SIR.
+over `jax.experimental.ode.odeint`, on the boarding-school SIR
+(`--problem boarding`, the default) or the 20-patch synthetic
+metapopulation with its MLP (`--problem metapop`, 199 parameters; its
+posterior, peers and records in `_sample_metapop.py`, the table in
+`metapop_main`).
 
-The posterior: `models/sir.toml` with a Poisson likelihood of `in_bed` (the
-1978 outbreak, 14 days) and log-normal priors on beta (median 1.7, sdlog
-0.5), gamma (0.45, 0.5) and I0 (2, 1). Every tool runs the same NUTS
+The boarding-school posterior: `models/sir.toml` with a Poisson likelihood
+of `in_bed` (the 1978 outbreak, 14 days) and log-normal priors on beta
+(median 1.7, sdlog 0.5), gamma (0.45, 0.5) and I0 (2, 1). Every tool runs the same NUTS
 settings (chains one after another, `--warmup` adaptation steps, `--draws`
 draws, target acceptance 0.8, tree depth 10), the same solver tolerances
 (rtol = atol = 1e-6) and starts near the MAP: epifit from draws of its
@@ -20,6 +24,8 @@ sampling (compiles included: the time to a result), maximum R-hat and
 divergences.
 
     python benchmarks/sample.py --warmup 500 --draws 500 --json out/bench_sample.json
+    python benchmarks/sample.py --problem metapop --chains 1 --warmup 100 \
+        --draws 100 --cap 600 --json out/bench_sample_metapop.json
 """
 
 from __future__ import annotations
@@ -213,11 +219,11 @@ def _summarise(tool: str, rec: dict, a) -> dict:
     return out
 
 
-def _run_capped(tool: str, a) -> dict:
+def _run_capped(tool: str, a, extra=(), summarise=None) -> dict:
     """The tool's worker, stopped at `--cap` seconds; its last complete line."""
     argv = [sys.executable, __file__, "--worker", tool]
     argv += ["--chains", str(a.chains), "--warmup", str(a.warmup)]
-    argv += ["--draws", str(a.draws), "--seed", str(a.seed)]
+    argv += ["--draws", str(a.draws), "--seed", str(a.seed), *extra]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=a.cap)
         stdout, note = proc.stdout, "" if proc.returncode == 0 else proc.stderr
@@ -228,7 +234,115 @@ def _run_capped(tool: str, a) -> dict:
     rec = json.loads(lines[-1]) if lines else {}
     if note:
         rec["note"] = note.strip().splitlines()[-1] if note.strip() else note
-    return _summarise(tool, rec, a)
+    return (summarise or _summarise)(tool, rec, a)
+
+
+def _summarise_metapop(tool: str, rec: dict, a) -> dict:
+    """Case metapop: ESS and R-hat over kappa, alpha, gamma and the scalers
+    (complete chains only), the cost per gradient and per NUTS iteration,
+    and the issue's target run (4 chains, 500 + 500) extrapolated from it."""
+    import statistics
+
+    import arviz as az
+    import numpy as np
+
+    out = {"tool": tool, **{k: v for k, v in rec.items() if k != "draws"}}
+    if rec.get("draws"):
+        post = {k: np.asarray(v) for k, v in rec["draws"].items()}
+        idata = az.from_dict(posterior=post)
+        out["min_ess_bulk"] = float(min(az.ess(idata, method="bulk")[k] for k in post))
+        out["ess_per_s"] = out["min_ess_bulk"] / rec["sampling_s"]
+        if rec["chains"] > 1:
+            out["max_r_hat"] = float(max(az.rhat(idata)[k] for k in post))
+        out["means"] = {k: float(post[k].mean()) for k in ("kappa", "alpha", "gamma")}
+    warm_s, draws_s = rec.get("warmup_s", []), rec.get("draws_s", [])
+    if tool == "epifit" and sum(rec.get("grads", [])):  # warm-up's not recorded
+        later = slice(1, None) if len(draws_s) > 1 else slice(None)
+        out["s_per_grad"] = sum(draws_s[later]) / max(sum(rec["grads"][later]), 1)
+        if len(warm_s) > 1:
+            out["compile_s"] = warm_s[0] - statistics.median(warm_s[1:])
+    elif "warmup_grads" in rec:  # compiled ahead of time: no compile inside
+        n = sum(rec["warmup_grads"]) + sum(rec["grads"])
+        out["s_per_grad"] = (sum(warm_s) + sum(draws_s)) / max(n, 1)
+        out["grads_warmup"] = sum(rec["warmup_grads"])
+    iters = sum(rec.get("draw_iterations", []))
+    if iters and sum(draws_s):
+        out["s_per_iter"] = sum(draws_s) / iters
+        out["grads_per_iter"] = sum(rec["grads"]) / iters
+        out["iter_phase"] = "draws"
+    elif sum(rec.get("iterations", [])):
+        out["s_per_iter"] = sum(warm_s) / sum(rec["iterations"])
+        out["grads_per_iter"] = sum(rec["warmup_grads"]) / sum(rec["iterations"])
+        out["iter_phase"] = "warm-up"
+    if "s_per_iter" in out:
+        out["target_wall_s_extrapolated"] = (
+            out.get("compile_s", 0.0) + 4 * (500 + 500) * out["s_per_iter"]
+        )
+    out["grads"] = sum(rec.get("grads", []))
+    out["complete"] = rec.get("chains") == a.chains
+    if iters and rec.get("divergences", 0) >= iters:  # a chain that never moved
+        out.pop("min_ess_bulk", None), out.pop("ess_per_s", None)
+        out["note"] = "every draw diverged: the chain did not move (a start of "
+        out["note"] += "-inf density?); its ESS is not reported"
+    return out
+
+
+def metapop_main(a, ap) -> int:
+    """`--problem metapop`: the MAP (calibrate, or `--fit`), then each tool."""
+    import tempfile
+
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    import _sample_metapop as mp
+
+    if a.block < 1 or a.warmup % a.block or a.draws % a.block or a.draws < 1:
+        ap.error(f"--warmup {a.warmup} and --draws {a.draws} must be multiples "
+                 f"of --block {a.block} (>= 1), with at least one draw")  # fmt: skip
+    if a.worker:
+        if a.worker == "epifit":
+            mp.worker_epifit(a, a.fit)
+        else:
+            mp.worker_numpyro(a, a.worker.split("-")[1], a.fit)
+        return 0
+    tools = [t.strip() for t in a.tools.split(",") if t.strip()]
+    for t in tools:
+        if t not in TOOLS:
+            ap.error(f"--tools: unknown tool {t!r}; expected some of {list(TOOLS)}")
+    fit_path, head = a.fit, {"tool": "calibrate (MAP)"}
+    if fit_path is None:
+        t = time.perf_counter()
+        fit = mp.epifit_map(iterations=a.fit_iterations)
+        head |= {"wall_s": time.perf_counter() - t, "loss": fit.loss,
+                 "iterations": fit.iterations, "message": fit.message}  # fmt: skip
+        fit_path = str(Path(tempfile.mkdtemp()) / "FIT.nc")
+        fit.to_netcdf(fit_path)
+    print(f"MAP: {head}")
+    extra = ["--problem", "metapop", "--block", str(a.block), "--fit", fit_path]
+    extra += ["--chain-method", a.chain_method] if a.chain_method else []
+    records = [_run_capped(t, a, extra, _summarise_metapop) for t in tools]
+    cols = [
+        ("tool", "tool", ""),
+        ("chains", "chains done", ""),
+        ("iterations", "iterations", ""),
+        ("sampling_s", "sampling s", "{:.1f}"),
+        ("compile_s", "compile s", "{:.1f}"),
+        ("grads_warmup", "grads (warm-up)", ""),
+        ("grads", "grads (draws)", ""),
+        ("s_per_grad", "s/grad", "{:.2e}"),
+        ("s_per_iter", "s/iter", "{:.2f}"),
+        ("grads_per_iter", "grads/iter", "{:.0f}"),
+        ("iter_phase", "iter phase", ""),
+        ("min_ess_bulk", "min ESS", "{:.0f}"),
+        ("ess_per_s", "ESS/s", "{:.3f}"),
+        ("max_r_hat", "R-hat", "{:.3f}"),
+        ("divergences", "div", ""),
+        ("target_wall_s_extrapolated", "4x(500+500) s, extrap.", "{:.0f}"),
+        ("note", "note", ""),
+    ]
+    print(h.table(records, cols))
+    h.write_json(a.json, [head, *records])
+    return 0
 
 
 def main(argv=None) -> int:
@@ -241,7 +355,22 @@ def main(argv=None) -> int:
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--worker", choices=TOOLS, help=argparse.SUPPRESS)
     ap.add_argument("--json")
+    ap.add_argument("--problem", choices=("boarding", "metapop"), default="boarding")
+    ap.add_argument(
+        "--block",
+        type=int,
+        default=10,
+        help="metapop: iterations per progress record (epifit's chunk)",
+    )
+    ap.add_argument(
+        "--chain-method", default=None, help="metapop: epifit.sample's chain_method"
+    )
+    ap.add_argument("--fit", help="metapop: a FIT.nc of the MAP to start from "
+                    "(default: calibrate it first)")  # fmt: skip
+    ap.add_argument("--fit-iterations", type=int, default=400, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
+    if a.problem == "metapop":
+        return metapop_main(a, ap)
     if a.worker:
         import jax
 

@@ -266,3 +266,49 @@ def test_sample_benchmark_reports_every_tool_and_a_capped_peer(tmp_path):
         if r.get("complete"):
             r0 = r["means"]["beta"] / r["means"]["gamma"]
             assert 3.0 < r0 < 5.0, r
+
+
+def test_metapop_peers_log_density_is_epifits_log_posterior():
+    """`benchmarks/sample.py --problem metapop`: the peers' hand-written log
+    posterior (`_sample_metapop.log_density`, on diffrax and on `odeint`)
+    is epifit's `LogDensity` under the same priors, at the data's true values
+    (the point the synthetic data were drawn at, beside the MAP) and at a
+    random point around them: the same function, not only the same MAP. At
+    tight tolerances (the solvers' paths differ: epifit stops at the
+    covariates' half-day jumps, the peers step over them); one evaluation
+    each."""
+    import jax
+    import jax.numpy as jnp
+
+    from epifit.fitting import Objective, parse_fit_config
+    from epifit.fitting._parameters import FreeParameters
+    from epifit.sampling._density import LogDensity
+    from epifit.simulation import SolverSettings
+
+    jax.config.update("jax_enable_x64", True)
+    mp = helpers.import_benchmark("_sample_metapop")
+    rtol, atol = 1e-10, 1e-13
+    problem = mp.problem()
+    free = FreeParameters(
+        problem, problem.init_params(), parse_fit_config(mp.fit_config(rtol, atol))
+    )
+    assert len(free.labels) == 199
+    settings = SolverSettings(rtol=rtol, atol=atol, max_steps=100_000)
+    objective = Objective(problem, free, settings)
+    epifit_logp = jax.jit(LogDensity(objective))
+    A = mp.arrays()
+    index = mp.reference_index(free.labels, A["patches"])
+    p_true = mp.true_p(A["patches"])
+    rng = np.random.default_rng(3)
+    points = [p_true, p_true + rng.normal(0.0, 0.005, p_true.size)]
+    want = [float(epifit_logp(jnp.asarray(p[index]), objective.data())) for p in points]
+    # the permutation round-trips
+    np.testing.assert_array_equal(
+        mp.from_epifit(points[1][index], free.labels, A["patches"]), points[1]
+    )
+    for kind in ("diffrax", "odeint"):
+        logp = jax.jit(mp.log_density(kind, A, rtol, atol, max_steps=200_000))
+        got = [float(logp(jnp.asarray(p))) for p in points]
+        np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=kind)
+    # the two points differ by far more than the tolerance: not a constant
+    assert abs(want[1] - want[0]) > 1e-3 * abs(want[0])
