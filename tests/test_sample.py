@@ -278,6 +278,17 @@ def test_cli_bad_flags_are_one_line(decay_files, tmp_path, capsys, extra, messag
 
 # -- the boarding school, against importance sampling over a NumPy RK4 ----------------
 BOARDING_PRIORS = {"beta": (1.7, 0.5), "gamma": (0.45, 0.5), "I0": (2.0, 1.0)}
+# the fit configuration of the boarding-school posterior and of `school_run`:
+# the same problem and settings, so the second loads the first's calibrate
+# and sampler-chunk programs from the session's compilation cache
+BOARDING_FIT = {
+    "rtol": 1e-9,
+    "atol": 1e-9,
+    "parameters": {
+        p: {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
+        for p, (m, s) in BOARDING_PRIORS.items()
+    },
+}
 
 
 def _boarding_log_posterior(theta, y, dt=0.01):
@@ -344,20 +355,12 @@ def test_boarding_school_posterior_agrees_with_importance_sampling():
     spec = loads_model(
         text.replace('family = "least_squares"', 'family = "poisson"'), path="sir.toml"
     )
-    fit = {
-        "rtol": 1e-9,
-        "atol": 1e-9,
-        "parameters": {
-            p: {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
-            for p, (m, s) in BOARDING_PRIORS.items()
-        },
-    }
     data = repo / "data" / "boarding_school_1978.nc"
     # from a fit (the chains start at Laplace draws around the MAP): started
     # from the priors' medians instead, 400 warm-up steps left R-hat at
     # 1.0166 for I0 in one full run (1.01 is asserted), so the cheaper start
     # was not kept
-    post = epifit.sample(spec, data, fit=fit, chains=4, warmup=400, draws=500,
+    post = epifit.sample(spec, data, fit=BOARDING_FIT, chains=4, warmup=400, draws=500,
                          seed=3, progress=False)  # fmt: skip
     table = post.diagnostics()
     assert (table.loc[list(BOARDING_PRIORS), "r_hat"] <= 1.01).all(), table
@@ -460,9 +463,10 @@ def test_a_posterior_alone_forecasts_with_its_fit(decay, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def school_run(tmp_path_factory):
-    """The boarding-school SIR (Poisson, log-normal priors) fitted in a folder
-    of its own with the data beside it (a relative path), `FIT.nc`, and a tiny
-    posterior, `POSTERIOR.nc`: 2 chains x (50 warm-up + 50 draws)."""
+    """The boarding-school SIR (Poisson, log-normal priors; `BOARDING_FIT`)
+    fitted in a folder of its own with the data beside it (a relative path),
+    `FIT.nc`, and a tiny posterior, `POSTERIOR.nc`: 2 chains x (50 warm-up +
+    50 draws)."""
     import os
     import shutil
     from pathlib import Path
@@ -474,16 +478,12 @@ def school_run(tmp_path_factory):
         text.replace('family = "least_squares"', 'family = "poisson"')
     )
     shutil.copy(repo / "data" / "boarding_school_1978.nc", run / "school.nc")
-    fit_config = {
-        "parameters": {
-            p: {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
-            for p, (m, s) in BOARDING_PRIORS.items()
-        }
-    }
     here = os.getcwd()
     os.chdir(run)
     try:
-        fit = epifit.calibrate("sir.toml", "school.nc", fit=fit_config, progress=False)
+        fit = epifit.calibrate(
+            "sir.toml", "school.nc", fit=BOARDING_FIT, progress=False
+        )
         fit.to_netcdf("FIT.nc")
         post = epifit.sample(init=fit, chains=2, warmup=50, draws=50, seed=1,
                              progress=False)  # fmt: skip
