@@ -51,17 +51,18 @@ def output_program(objective: Objective, *, solve: bool):
     `stats` and `result` (the solve runs with `throw=False`)."""
     cache = objective.__dict__.setdefault("_output", {})
     if solve not in cache:
+        # named so that a compile log reads `jit(fit_outputs)`
         if solve:
 
-            def fn(x, se_x, z, data):
+            def fit_outputs(x, se_x, z, data):
                 return _outputs(objective, x, se_x, z, data, None)
 
         else:
 
-            def fn(x, se_x, z, data, ys):
+            def fit_outputs(x, se_x, z, data, ys):
                 return _outputs(objective, x, se_x, z, data, ys)
 
-        cache[solve] = jit(fn)
+        cache[solve] = jit(fit_outputs)
     return cache[solve]
 
 
