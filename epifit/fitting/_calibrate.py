@@ -3,9 +3,12 @@
 A fit is a composition of small steps: resolve the settings
 (`epifit.fitting._resolve`), draw starting points with a finite loss
 (`finite_starts`), run the phases (`Optimizer`, with checkpoints and a progress
-bar), pick the best start, solve there once more (with the Jacobian for a
-Gauss-Newton Laplace approximation), compute the uncertainty, the
-log-likelihood with AIC and BIC there, and build the `FitResult`.
+bar), pick the best start, compute the uncertainty there (for a Gauss-Newton
+Laplace approximation from the Jacobian and the solve of one batched call),
+then every other number of the result in one compiled output program
+(`epifit.fitting._output`: the solve, R_eff, the parameter table's pieces,
+the log-likelihood for AIC and BIC, the range check's values), and build the
+`FitResult` from them in NumPy.
 """
 
 from __future__ import annotations
