@@ -2,6 +2,8 @@
 never wall-clock time (`epifit/fitting/README.md`, the cost model)."""
 
 import contextlib
+import logging
+import re
 
 import jax
 import numpy as np
@@ -10,6 +12,7 @@ from helpers import REPO
 
 import epifit.model._compiled as compiled_module
 from epifit._jit import compiler_options, jit
+from epifit.fitting import calibrate
 from epifit.fitting._optimize import Optimizer
 from epifit.fitting._resolve import fit_config, resolve_fit
 from epifit.simulation import Problem
@@ -37,6 +40,35 @@ def count_compiles():
         yield n
     finally:
         jax.monitoring.unregister_event_duration_listener(listen)
+
+
+@contextlib.contextmanager
+def compiled_names():
+    """`[name]`: the programs XLA compiles while the block runs, as the
+    compile log names them (`jit(fit_outputs)`; an eager operation's program
+    is named after its primitive: `jit(softplus)`, `jit(gather)`), persistent
+    cache hits included. Caches are cleared first, so that an eager
+    operation already run by another test compiles again and shows."""
+    compiler_options()
+    jax.clear_caches()
+    names = []
+
+    class Listen(logging.Handler):
+        def emit(self, record):
+            found = re.match(
+                r"Finished XLA compilation of (.+) in ", record.getMessage()
+            )
+            if found:
+                names.append(found.group(1))
+
+    logger = logging.getLogger("jax._src.dispatch")
+    handler = Listen(logging.DEBUG)
+    logger.addHandler(handler)
+    try:
+        with jax.log_compiles():
+            yield names
+    finally:
+        logger.removeHandler(handler)
 
 
 @contextlib.contextmanager
@@ -150,3 +182,52 @@ def test_chunk_holds_one_evaluation_site(sir, method, evaluation, monkeypatch):
     chunk, one = _chunk_and_evaluation_copies(sir, method, evaluation, monkeypatch)
     assert one > 0
     assert chunk == one
+
+
+@pytest.mark.parametrize(
+    "uncertainty, after",
+    [
+        # the output program (it solves at the fitted point)
+        (False, ["jit(fit_outputs)"]),
+        # the residuals' Jacobian with the solve, then the output program
+        # from its states (no second solve)
+        ("gauss_newton", ["jit(call)", "jit(fit_outputs)"]),
+        # the Laplace approximation's own programs, then the output program
+        (
+            "hessian",
+            [
+                "jit(data_hessian)",
+                "jit(penalty_hessian)",
+                "jit(penalty)",
+                "jit(fit_outputs)",
+            ],
+        ),
+    ],
+)
+def test_calibrate_output_path_is_one_program(sir, uncertainty, after, monkeypatch):
+    """After the optimiser, a fit compiles its output program (solution,
+    R_eff, parameter table, log-likelihood, daily values: one program) and
+    the uncertainty method's own, and no eager operation's program."""
+    ran = []
+    run = Optimizer.run
+
+    def marked(self, *args, **kwargs):
+        out = run(self, *args, **kwargs)
+        ran.append(len(names))
+        return out
+
+    monkeypatch.setattr(Optimizer, "run", marked)
+    with compiled_names() as names:
+        result = calibrate(
+            sir,
+            optimizer={"method": "lbfgs", "iterations": 3},
+            uncertainty=uncertainty,
+            progress=False,
+        )
+    assert len(ran) == 1
+    before, rest = names[: ran[0]], names[ran[0] :]
+    # the optimiser: its initialisation and its chunk
+    assert before.count("jit(call)") == 2
+    assert rest == after
+    assert np.isfinite(result.log_likelihood)
+    assert result.trajectories["R_eff"].shape[0] == sir.ts.size

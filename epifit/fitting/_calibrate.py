@@ -3,9 +3,12 @@
 A fit is a composition of small steps: resolve the settings
 (`epifit.fitting._resolve`), draw starting points with a finite loss
 (`finite_starts`), run the phases (`Optimizer`, with checkpoints and a progress
-bar), pick the best start, solve there once more (with the Jacobian for a
-Gauss-Newton Laplace approximation), compute the uncertainty, the
-log-likelihood with AIC and BIC there, and build the `FitResult`.
+bar), pick the best start, compute the uncertainty there (for a Gauss-Newton
+Laplace approximation from the Jacobian and the solve of one batched call),
+then every other number of the result in one compiled output program
+(`epifit.fitting._output`: the solve, R_eff, the parameter table's pieces,
+the log-likelihood for AIC and BIC, the range check's values), and build the
+`FitResult` from them in NumPy.
 """
 
 from __future__ import annotations
@@ -16,13 +19,10 @@ import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-import equinox as eqx
 import jax
 import numpy as np
-from jax.flatten_util import ravel_pytree
 
 from epifit._paths import remove_stale_temporaries
 from epifit.fitting._checkpoint import (
@@ -43,11 +43,16 @@ from epifit.fitting._optimize import (
     Carry,
     Optimizer,
 )
-from epifit.fitting._parameters import constrained_dict, free_entries, problem_labels
+from epifit.fitting._output import (
+    check_solve,
+    coefficients,
+    fit_numbers,
+    gauss_newton_solve,
+)
 from epifit.fitting._progress import ProgressBar, progress_enabled
 from epifit.fitting._resolve import FitSetup, fit_config, resolve_fit
 from epifit.fitting._result import FitResult, library_versions
-from epifit.fitting._uncertainty import interval_note, laplace, parameter_table
+from epifit.fitting._uncertainty import interval_note, laplace, table_rows
 from epifit.ode import AbstractAdjoint, AbstractSolver
 from epifit.simulation import Problem, trajectory_dataset
 
@@ -155,19 +160,19 @@ def calibrate(
     optimizer_, resumed = _optimizer(setup, xs, data, settings, checkpoint, resume)
     out, optimize_s = _optimize(optimizer_, xs, data, resumed, progress, setup, problem)
     outcome = _outcome(out, setup)  # best_start, converged, message
-    fields = _fit_result(setup, out, outcome["best_start"], xs, data)
-    _check_ranges(setup.problem, fields["params"], outcome)
+    fields, numbers = _fit_result(setup, out, outcome["best_start"], xs, data)
+    _check_ranges(setup.problem, numbers, outcome)
     timing = _timing(wall, optimize_s, out["record"])
     return FitResult(**outcome, **fields, settings=settings, timing=timing)
 
 
-def _check_ranges(problem: Problem, fitted, outcome: dict) -> None:
+def _check_ranges(problem: Problem, numbers, outcome: dict) -> None:
     """A fitted point that takes a rate, probability or initial condition out
     of its range (through a parameter whose transform does not keep it there,
     e.g. `rate = "a - b"` with identity transforms) is not a valid model: the
-    message names the field and `converged` is False."""
-    model = problem.model
-    broken = model.range_violations(model.constrain(fitted), model.daily_values(fitted))
+    message names the field and `converged` is False. `numbers`: the output
+    program's (`fit_numbers`: the constrained and daily values, NumPy)."""
+    broken = problem.model.range_violations(numbers.values, numbers.daily)
     if broken:
         more = f" (and {len(broken) - 1} more)" if len(broken) > 1 else ""
         outcome["message"] = (
@@ -379,30 +384,6 @@ def _timing(wall: float, optimize_s: float, record: dict) -> dict[str, float]:
     }
 
 
-def _final_solve(setup: FitSetup, x_best, xs, data):
-    """The solve at the best point (`ys`, `stats` as NumPy) and, for a
-    Gauss-Newton Laplace approximation, the residuals and their Jacobian
-    there: one batched call of the executable the optimiser used."""
-    objective = setup.objective
-    # on the device (the optimiser's executable was called with device arrays)
-    xb = jax.device_put(np.broadcast_to(np.asarray(x_best), xs.shape))
-    jac = None
-    if setup.uncertainty == "gauss_newton":
-        r, J, ys, stats, result = objective.compiled("jacobian_and_solution")(xb, data)
-        jac = (np.asarray(r)[0], np.asarray(J)[0])  # NumPy: no eager slices
-    else:
-        ys, stats, result = objective.compiled("solution")(xb, data)
-    result = np.asarray(result)
-    if int(result[0]) != 0:
-        raise RuntimeError(
-            "The solve at the fitted parameters failed (result code "
-            f"{int(result[0])}); try tighter solver tolerances or more max_steps."
-        )
-    first = lambda a: np.asarray(a)[0]  # noqa: E731
-    sol = SimpleNamespace(ys=jax.tree.map(first, ys), stats=jax.tree.map(first, stats))
-    return sol, jac
-
-
 def _uncertainty(setup: FitSetup, x_best, data, jac, loss: float):
     """The Laplace covariance of the free vector (None without uncertainty)
     and the result's `uncertainty` record."""
@@ -425,24 +406,31 @@ def _uncertainty(setup: FitSetup, x_best, data, jac, loss: float):
     }
 
 
-def _fit_result(setup: FitSetup, out: dict, best: int, xs, data) -> dict[str, Any]:
-    """The `FitResult` fields that come from the run at its best start."""
+def _fit_result(setup: FitSetup, out: dict, best: int, xs, data):
+    """The `FitResult` fields that come from the run at its best start, and
+    the output program's numbers (`fit_numbers`)."""
     problem, free = setup.problem, setup.free
     record = out["record"]
     x_all, f_all, _ = best_points(out["carry"])
     f_all = np.asarray(f_all, np.float64)
     x_best = jax.device_put(np.asarray(x_all[best], xs.dtype))
-    fitted = free.params(x_best, data["rest"])
-    sol, jac = _final_solve(setup, x_best, xs, data)
-    trajectories = trajectory_dataset(problem, fitted, sol)
+    sol, jac = gauss_newton_solve(setup, x_best, xs, data)
     cov, unc = _uncertainty(setup, x_best, data, jac, float(f_all[best]))
-    table = parameter_table(setup.objective, x_best, data, cov, level=setup.level)
+    numbers = fit_numbers(
+        setup.objective, x_best, data, cov, setup.level, None if sol is None else sol.ys
+    )
+    if sol is None:
+        sol = numbers.solution
+        check_solve(sol)
+    fitted = numbers.params
+    trajectories = trajectory_dataset(problem, fitted, sol, numbers=numbers.trajectory)
+    table = table_rows(setup.objective, numbers.table, cov, level=setup.level)
     if note := interval_note(table):
         unc["message"] = "; ".join(m for m in (unc.get("message"), note) if m)
     hist = record["history"]
     return dict(
         params=fitted,
-        values=constrained_dict(problem, fitted),
+        values=numbers.values,
         table=table,
         loss=float(f_all[best]),
         iterations=int(record["iteration"]),
@@ -453,31 +441,19 @@ def _fit_result(setup: FitSetup, out: dict, best: int, xs, data) -> dict[str, An
         labels=free.labels,
         x=np.asarray(x_best),
         covariance=cov,
-        **_coefficients(problem, fitted),
+        **coefficients(problem, fitted),
         start_losses=f_all,
         initial_losses=np.asarray(record["initial_loss"]),
         uncertainty=unc,
         solver_stats={k: int(np.asarray(v)) for k, v in sol.stats.items()},
-        **fit_information(setup.objective, x_best, sol.ys, data),
+        **fit_information(setup.objective, numbers.log_likelihood),
         trajectories=trajectories,
         problem=problem,
         model_text=_model_text(problem),
         fit_config=dict(setup.config.raw),
         hashes=problem.hashes(),
         versions=library_versions(),
-    )
-
-
-def _coefficients(problem: Problem, fitted) -> dict[str, Any]:
-    """Every array element of the fitted parameters (free or fixed), their
-    labels and which are free: enough to rebuild `params` from a file."""
-    arrays, _ = eqx.partition(fitted, eqx.is_inexact_array)
-    labels, _ = problem_labels(problem, arrays)
-    return dict(
-        coefficients=np.asarray(ravel_pytree(arrays)[0]),
-        coefficient_labels=tuple(labels),
-        coefficient_free=free_entries(fitted, problem.model.free_mask(fitted)),
-    )
+    ), numbers
 
 
 def _model_text(problem: Problem) -> str:

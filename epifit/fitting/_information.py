@@ -1,10 +1,11 @@
 """What a fit says beyond its parameters: the log-likelihood at the fitted
 point, AIC and BIC, and notes on the model's structure against the data.
 
-The log-likelihood is computed once, after the optimiser, from the states of
-the final solve (`Objective.log_likelihood_at`: the predictions and the sum
-of each family's log-likelihood, no further solve), so nothing is added to
-the compiled optimiser loop.
+The log-likelihood is computed once, after the optimiser, in the fit's
+output program (`epifit.fitting._output`: from the predictions of the final
+solve, the sum of each family's log-likelihood, as
+`Objective.log_likelihood_at`), so nothing is added to the compiled optimiser
+loop and no program of its own is compiled.
 """
 
 from __future__ import annotations
@@ -12,9 +13,6 @@ from __future__ import annotations
 import math
 from typing import Any
 
-import numpy as np
-
-from epifit._jit import jit
 from epifit.fitting._objective import Objective
 
 __all__ = ["fit_information", "information_criteria", "shared_parameter_note"]
@@ -54,11 +52,11 @@ def shared_parameter_note(objective: Objective) -> str:
     )
 
 
-def fit_information(objective: Objective, x, ys, data) -> dict[str, Any]:
+def fit_information(objective: Objective, log_likelihood: float) -> dict[str, Any]:
     """The `FitResult` fields `log_likelihood`, `aic`, `bic`, `n_parameters`,
-    `n_data`, `notes` and `priors` (every free parameter's prior) at the
-    fitted free vector `x`, whose solve gave the states `ys`."""
-    ll = float(np.asarray(jit(objective.log_likelihood_at)(x, ys, data)))
+    `n_data`, `notes` and `priors` (every free parameter's prior), from the
+    observations' log-likelihood at the fitted point."""
+    ll = float(log_likelihood)
     k, n = int(objective.free.n), int(objective.n_data)
     aic, bic = information_criteria(ll, k, n)
     note = shared_parameter_note(objective)

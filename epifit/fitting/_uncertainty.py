@@ -51,7 +51,15 @@ from epifit.fitting._objective import Objective
 from epifit.fitting._parameters import time_labels
 from epifit.model import constrain, constrain_coefficients
 
-__all__ = ["Laplace", "interval_note", "laplace", "parameter_table"]
+__all__ = [
+    "Laplace",
+    "interval_note",
+    "laplace",
+    "parameter_table",
+    "standard_errors",
+    "table_numbers",
+    "table_rows",
+]
 
 
 @dataclasses.dataclass
@@ -287,46 +295,56 @@ def _z(level: float) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2.0)
 
 
-def _table_arrays(objective: Objective, x, se_x, data, z):
-    """Everything the parameter table needs, in one compiled call: constrained
-    values, and for every free entry its slope `dc/dx` and the transformed
-    interval ends; derived values and their gradients."""
-
+def table_numbers(objective: Objective, x, se_x, z, rest) -> dict:
+    """Everything the parameter table needs (traceable; `parameter_table`
+    compiles it alone, a fit's output program inside its one program):
+    constrained values, and for every free entry its slope `dc/dx` and the
+    transformed interval ends at `z` standard errors; derived values and
+    their gradients."""
     problem, free = objective.problem, objective.free
     model = problem.model
     names = np.asarray(free.names)
     derived = [d.name for d in problem.spec.derived]
+    values = model.constrain(free.params(x, rest))
+    out = {"values": {p.name: values[p.name] for p in problem.spec.parameters}}
+    ends = {}
+    for p in problem.spec.parameters:
+        idx = np.flatnonzero(names == p.name)
+        if idx.size == 0:
+            continue
+        xp, sp = x[idx], se_x[idx]
+        if p.per_time is not None:
+            ends[p.name] = _coefficient_ends(p, values[p.name], xp, sp, z)
+            continue
+        c = lambda u, p=p: constrain(p.transform, u, *p.bounds)  # noqa: E731
+        ends[p.name] = (jax.vmap(jax.grad(c))(xp), c(xp - z * sp), c(xp + z * sp))
+    out["ends"] = ends
+    if derived:
+
+        def dfn(x):
+            vals = model.constrain(free.params(x, rest))
+            return {d: jnp.ravel(vals[d]) for d in derived}
+
+        out["derived"] = dfn(x)
+        out["derived_jac"] = jax.jacfwd(dfn)(x)
+    return out
+
+
+def _table_arrays(objective: Objective, x, se_x, data, z):
+    """`table_numbers` in one compiled call, as NumPy."""
 
     def fn(x, se_x, rest):
-        values = model.constrain(free.params(x, rest))
-        out = {"values": {p.name: values[p.name] for p in problem.spec.parameters}}
-        ends = {}
-        for p in problem.spec.parameters:
-            idx = np.flatnonzero(names == p.name)
-            if idx.size == 0:
-                continue
-            xp, sp = x[idx], se_x[idx]
-            if p.per_time is not None:
-                ends[p.name] = _coefficient_ends(p, values[p.name], xp, sp, z)
-                continue
-            c = lambda u, p=p: constrain(p.transform, u, *p.bounds)  # noqa: E731
-            ends[p.name] = (
-                jax.vmap(jax.grad(c))(xp),
-                c(xp - z * sp),
-                c(xp + z * sp),
-            )
-        out["ends"] = ends
-        if derived:
-
-            def dfn(x):
-                vals = model.constrain(free.params(x, rest))
-                return {d: jnp.ravel(vals[d]) for d in derived}
-
-            out["derived"] = dfn(x)
-            out["derived_jac"] = jax.jacfwd(dfn)(x)
-        return out
+        return table_numbers(objective, x, se_x, z, rest)
 
     return jax.tree.map(np.asarray, jit(fn)(x, se_x, data["rest"]))
+
+
+def standard_errors(free, covariance) -> np.ndarray:
+    """`se(x)`: the square roots of the covariance's diagonal (NaN without)."""
+    if covariance is None:
+        return np.full((free.n,), np.nan)
+    cov = np.asarray(covariance, np.float64)
+    return np.sqrt(np.clip(np.diag(cov), 0.0, np.inf))
 
 
 def _coefficient_ends(p, value, xp, sp, z):
@@ -366,15 +384,22 @@ def parameter_table(
 ) -> list[dict]:
     """One row per scalar parameter value, per-patch element and derived
     quantity: `label, name, patch, kind, estimate, se, lower, upper`."""
-    problem = objective.problem
-    free = objective.free
+    se_x = standard_errors(objective.free, covariance)
+    arrays = _table_arrays(
+        objective, jnp.asarray(x), jnp.asarray(se_x), data, _z(level)
+    )
+    return table_rows(objective, arrays, covariance, level=level)
+
+
+def table_rows(
+    objective: Objective, arrays: dict, covariance: np.ndarray | None, *, level: float
+) -> list[dict]:
+    """[`parameter_table`][]'s rows from `table_numbers` as NumPy (`arrays`),
+    computed at the standard errors of `covariance`."""
+    problem, free = objective.problem, objective.free
     z = _z(level)
     cov = None if covariance is None else np.asarray(covariance, np.float64)
-    if cov is None:
-        se_x = np.full((free.n,), np.nan)
-    else:
-        se_x = np.sqrt(np.clip(np.diag(cov), 0.0, np.inf))
-    arrays = _table_arrays(objective, jnp.asarray(x), jnp.asarray(se_x), data, z)
+    se_x = standard_errors(free, cov)
     names = np.asarray(free.names)
     along = time_labels(problem.model)
     rows = []

@@ -32,6 +32,7 @@ _EXPORTS = {
     "load_params": "epifit.simulation._simulate",
     "simulate": "epifit.simulation._simulate",
     "trajectory_dataset": "epifit.simulation._simulate",
+    "trajectory_numbers": "epifit.simulation._trajectory",
     "synthetic_metapopulation": "epifit.simulation._synthetic",
     "Stamps": "epifit.simulation._stamps",
     "at_stamps": "epifit.simulation._stamps",
@@ -64,4 +65,7 @@ if TYPE_CHECKING:  # for type checkers and editors
     from epifit.simulation._stamps import weekday_of as weekday_of
     from epifit.simulation._synthetic import (
         synthetic_metapopulation as synthetic_metapopulation,
+    )
+    from epifit.simulation._trajectory import (
+        trajectory_numbers as trajectory_numbers,
     )

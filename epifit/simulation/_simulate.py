@@ -14,11 +14,19 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import PATCH, TIME, DataError
-from epifit.model import derived_series, parameters_json
+from epifit.model import parameters_json
 from epifit.simulation._noise import noise_of
 from epifit.simulation._observe import DEFAULT_START, add_observations, set_dates
 from epifit.simulation._problem import Problem
 from epifit.simulation._settings import SolverSettings
+from epifit.simulation._trajectory import (
+    cells,
+    in_order,
+    on_cells,
+    reproduction_vars,
+    series_vars,
+    trajectory_numbers,
+)
 
 _DIMENSIONLESS = (
     "dimensionless (CF '1'): counts or fractions of each patch's population, as "
@@ -260,74 +268,19 @@ def _period_text(period: int) -> str:
     return f" (the sum over the {period} days ending on each date)"
 
 
-def _cells(problem: Problem, each: bool = True) -> tuple[str, ...]:
-    """The dims of the structure axis in the output: `(patch,)`, or `(patch,
-    STRATUM)` for the cells of a model with `[strata]`."""
-    strata = problem.spec.strata
-    return (PATCH,) if strata is None or not each else (PATCH, strata.name)
+def trajectory_dataset(
+    problem: Problem, params, sol, *, attrs=None, numbers=None
+) -> xr.Dataset:
+    """The trajectory of a solve as a Dataset: states, compartment totals,
+    predicted and observed series, the reproduction number and the derived
+    series, with provenance attributes (`simulate` says which).
 
-
-def _on_cells(problem: Problem, a: np.ndarray, each: bool = True) -> np.ndarray:
-    """`(..., cell)` as `(..., patch, stratum)` with `[strata]`."""
-    if problem.spec.strata is None or not each:
-        return a
-    return a.reshape(*a.shape[:-1], problem.n_patches, problem.model.n_strata)
-
-
-def series_vars(problem: Problem, params, ys) -> dict[str, tuple]:
-    """The derived series (`[derived]` reading the state or covariates) along
-    the trajectory, `(time, patch[, stratum])` each."""
-    source = {d.name: d.expression.source for d in problem.spec.series}
-    series = derived_series(problem.model, ys, params, problem.covariates)
-    return {
-        name: (
-            (TIME, *_cells(problem)),
-            _on_cells(problem, np.asarray(value, np.float64)),
-            {"long_name": f"derived series {name} = {source[name]}"},
-        )
-        for name, value in series.items()
-    }
-
-
-def reproduction_vars(problem: Problem, params, ys) -> dict[str, tuple]:
-    """`R_eff (time, patch)` and `R_eff_total (time)` along the trajectory
-    (`epifit.model.reproduction_number`), for a model with infections whose
-    reproduction number is defined; else nothing."""
-    from epifit.model import has_reproduction_number, reproduction_number
-
+    `numbers`: `trajectory_numbers(problem, params, sol.ys)` already computed
+    (as NumPy, e.g. by a fit's compiled output program); without it they are
+    computed here. `sol` needs `ys` and `stats` only."""
     model = problem.model
-    if not has_reproduction_number(model):
-        return {}
-    r = reproduction_number(model, ys, params, problem.covariates, ts=problem.ts)
-    what = (
-        "the next-generation matrix at each day's susceptibles and rates "
-        "(docs/models.md, 'The reproduction number')"
-    )
-    return {
-        "R_eff": (
-            (TIME, *_cells(problem)),
-            _on_cells(problem, np.asarray(r["R_eff"], np.float64)),
-            {
-                "long_name": "effective reproduction number of a new infection "
-                "in the patch (infections caused in all patches)",
-                "units": "1",
-                "comment": f"column sums of {what}",
-            },
-        ),
-        "R_eff_total": (
-            (TIME,),
-            np.asarray(r["R_eff_total"], np.float64),
-            {
-                "long_name": "effective reproduction number, all patches",
-                "units": "1",
-                "comment": f"spectral radius of {what}",
-            },
-        ),
-    }
-
-
-def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Dataset:
-    model = problem.model
+    if numbers is None:
+        numbers = trajectory_numbers(problem, params, sol.ys)
     ys = {k: np.asarray(v) for k, v in sol.ys.items()}
     rows, comp_of_row = [], []
     blocks = []
@@ -354,8 +307,8 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
     each = {o.name: o.strata != "sum" for o in problem.spec.observations}
     data_vars = {
         "state": (
-            (TIME, "state_row", *_cells(problem)),
-            _on_cells(problem, state),
+            (TIME, "state_row", *cells(problem)),
+            on_cells(problem, state),
             {
                 "long_name": "state of every stage of every compartment",
                 "units": units,
@@ -365,8 +318,8 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
     }
     for name in model.compartments:
         data_vars[name] = (
-            (TIME, *_cells(problem)),
-            _on_cells(problem, ys[name].sum(axis=1)),
+            (TIME, *cells(problem)),
+            on_cells(problem, ys[name].sum(axis=1)),
             {
                 "long_name": f"compartment {name}, all stages",
                 "units": units,
@@ -374,11 +327,13 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
             },
         )
     n_t = problem.ts.size
-    for name, series in problem.predict(params, sol.ys).items():
+    predicted = numbers["predicted"]
+    for name in in_order(predicted, each):
+        series = predicted[name]
         obs_units, obs_from = _data_units(problem, name, (units, units_from))
         data_vars[f"predicted_{name}"] = (
-            (TIME, *_cells(problem, each[name])),
-            _on_cells(
+            (TIME, *cells(problem, each[name])),
+            on_cells(
                 problem,
                 _on_days(np.asarray(series), problem.stamps[name].days, n_t),
                 each[name],
@@ -396,8 +351,8 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
             obs_units, obs_from = _data_units(problem, name, _UNDECLARED)
             long_name = problem.dataset[name].attrs.get("long_name", name)
             data_vars[f"observed_{name}"] = (
-                (TIME, *_cells(problem, each[name])),
-                _on_cells(
+                (TIME, *cells(problem, each[name])),
+                on_cells(
                     problem, _on_days(o, problem.stamps[name].days, n_t), each[name]
                 ),
                 {
@@ -406,8 +361,8 @@ def trajectory_dataset(problem: Problem, params, sol, *, attrs=None) -> xr.Datas
                     "units_comment": obs_from,
                 },
             )
-    data_vars.update(reproduction_vars(problem, params, sol.ys))
-    data_vars.update(series_vars(problem, params, sol.ys))
+    data_vars.update(reproduction_vars(problem, numbers.get("reproduction")))
+    data_vars.update(series_vars(problem, numbers["series"]))
     base = _file_attrs(problem, sol)
     return xr.Dataset(data_vars, coords=coords, attrs={**base, **(attrs or {})})
 
