@@ -231,3 +231,18 @@ def test_calibrate_output_path_is_one_program(sir, uncertainty, after, monkeypat
     assert rest == after
     assert np.isfinite(result.log_likelihood)
     assert result.trajectories["R_eff"].shape[0] == sir.ts.size
+
+
+def test_an_objective_pickles_without_its_programs(sir):
+    """A sampler's worker processes get the objective pickled: its compiled
+    programs (local functions, executables) stay behind, and the copy
+    compiles its own, to the same numbers."""
+    import pickle
+
+    setup, data, xs = _setup(sir, ["adam"])
+    objective = setup.objective
+    loss = np.asarray(objective.compiled("loss")(xs, data))
+    copy = pickle.loads(pickle.dumps(objective))
+    assert "_compiled" in objective.__dict__
+    assert "_compiled" not in copy.__dict__
+    np.testing.assert_array_equal(np.asarray(copy.compiled("loss")(xs, data)), loss)

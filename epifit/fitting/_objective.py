@@ -294,6 +294,12 @@ class Objective:
         return sol.ys, sol.stats, sol.result
 
     # -- compiled, batched over starts ---------------------------------------------
+    def __getstate__(self) -> dict:
+        """The objective without its compiled programs (`compiled`, the fit's
+        output program): a pickled objective (a sampler's worker process) is
+        plain data and compiles its own."""
+        return {k: v for k, v in self.__dict__.items() if k not in _CACHES}
+
     def compiled(self, name: str):
         """`jit(vmap(method))` over a batch of `x` (in groups of `group` points),
         compiled once per objective."""
@@ -303,6 +309,9 @@ class Objective:
                 vmap_batch(getattr(self, name), in_axes=(0, None), group=self.group)
             )
         return cache[name]
+
+
+_CACHES = ("_compiled", "_output")  # see `Objective.__getstate__`
 
 
 def _n_observed(problem: Problem, obs: ObservationSpec) -> int:
