@@ -60,16 +60,21 @@ def _design(days):
     return np.vstack([np.c_[e, 0 * e], np.c_[1 - e, 1 + 0 * e]])
 
 
+def _decay_data(y):
+    """The observations `y` (A's days, then B's) as a daily dataset."""
+    dates = np.datetime64("2021-01-01") + np.arange(DAYS).astype("timedelta64[D]")
+    return xr.Dataset(
+        {"a_obs": ("time", y[:DAYS]), "b_obs": ("time", y[DAYS:])},
+        coords={"time": dates},
+    )
+
+
 @pytest.fixture(scope="module")
 def decay():
     rng = np.random.default_rng(5)
     M = _design(DAYS)
     y = M @ np.array([TRUTH["A0"], TRUTH["B0"]]) + rng.normal(0, SD, 2 * DAYS)
-    dates = np.datetime64("2021-01-01") + np.arange(DAYS).astype("timedelta64[D]")
-    ds = xr.Dataset(
-        {"a_obs": ("time", y[:DAYS]), "b_obs": ("time", y[DAYS:])},
-        coords={"time": dates},
-    )
+    ds = _decay_data(y)
     spec = loads_model(DECAY, path="decay.toml")
     fit = epifit.calibrate(spec, ds, fit=FIT, progress=False)
     # the exact posterior: Gaussian, precision M'M / sd^2 + the prior's
@@ -576,12 +581,7 @@ def test_chains_leave_a_wide_laplace_approximation_from_finite_starts():
     text = DECAY.replace('family = "gaussian"\nsd = "4.0"', 'family = "poisson"')
     rng = np.random.default_rng(3)
     M = _design(DAYS)
-    y = rng.poisson(M @ np.array([TRUTH["A0"], TRUTH["B0"]]))
-    dates = np.datetime64("2021-01-01") + np.arange(DAYS).astype("timedelta64[D]")
-    ds = xr.Dataset(
-        {"a_obs": ("time", y[:DAYS]), "b_obs": ("time", y[DAYS:])},
-        coords={"time": dates},
-    )
+    ds = _decay_data(rng.poisson(M @ np.array([TRUTH["A0"], TRUTH["B0"]])))
     spec = loads_model(text, path="d.toml")
     fit = epifit.calibrate(spec, ds, fit=FIT, progress=False)
     wide = dataclasses.replace(fit, covariance=fit.covariance * 1e6)
