@@ -125,6 +125,34 @@ def test_linear_gaussian_posterior_matches_the_closed_form(decay):
     assert np.std(pp - pp.mean(axis=(0, 1))) == pytest.approx(SD, rel=0.1)
 
 
+def test_a_fit_that_fixes_a_parameter_samples_the_conditional_posterior(decay):
+    """`fit` fixing B0 at the MAP's value: the chains sample A0 | B0, whose
+    exact law is Gaussian with variance 1 / P[A0, A0] (P the posterior
+    precision) and mean E[A0] + cov[A0, B0] / var[B0] (B0 - E[B0]); they
+    start from the Schur complement of the MAP's covariance, which is it."""
+    from epifit.sampling._sample import _conditioned
+
+    fit, mean, cov = decay
+    b0 = float(fit.params["B0"])
+    var = 1.0 / np.linalg.inv(cov)[0, 0]
+    centre = mean[0] + cov[0, 1] / cov[1, 1] * (b0 - mean[1])
+    assert var < 0.95 * cov[0, 0]  # the conditional law is not the marginal one
+    config = {**FIT, "parameters": {"A0": FIT["parameters"]["A0"],
+                                    "B0": {"fixed": True}}}  # fmt: skip
+    objective = epifit.fitting.resolve_fit(
+        fit.problem, epifit.fitting.fit_config(config), init=fit.params
+    ).objective
+    x, start_cov = _conditioned(fit, objective.free)
+    assert x.tolist() == pytest.approx([float(fit.params["A0"])], rel=1e-12)
+    assert start_cov == pytest.approx(np.array([[var]]), rel=1e-4)  # the fit's Laplace
+    post = epifit.sample(init=fit, fit=config, chains=2, warmup=200, draws=500,
+                         progress=False)  # fmt: skip
+    row = post.diagnostics().loc["A0"]
+    assert "B0" not in post.data.posterior
+    assert abs(row["mean"] - centre) <= 3 * row["mcse_mean"], row
+    assert abs(row["sd"] - np.sqrt(var)) <= 3 * row["mcse_sd"], row
+
+
 # measured: the NUTS transitions are bit for bit the same vmapped, but the
 # window adaptation's arithmetic is not (the adapted step size differs by 2e-11
 # relative after 30 warm-up steps), so vectorized chains follow the sequential

@@ -201,11 +201,12 @@ def _map(model_or_problem, data, fit, init, values=None) -> dict:
         )
     config = fit_config(init.fit_config if fit is None else fit)
     setup = resolve_fit(init.problem, config, init=init.params)
+    x, covariance = _conditioned(init, setup.objective.free)
     return {
         "fit": init,
         "objective": setup.objective,
-        "x": init.x,
-        "covariance": init.covariance,
+        "x": x,
+        "covariance": covariance,
         "provenance": {
             "model_sha256": init.hashes.get("model_sha256", ""),
             "data_sha256": init.hashes.get("data_sha256", ""),
@@ -213,6 +214,37 @@ def _map(model_or_problem, data, fit, init, values=None) -> dict:
             "model_text": init.model_text,
         },
     }
+
+
+def _conditioned(init: FitResult, free) -> tuple[np.ndarray, np.ndarray | None]:
+    """The MAP's free vector and Laplace covariance over `free`'s entries.
+
+    The same as the fit's when `fit` frees what it freed; when `fit` fixes
+    some of them (say a neural sub-model's weights, at the MAP's values),
+    the posterior sampled is conditional on those values, and so is the
+    covariance: the Schur complement `S_AA - S_AB S_BB⁻¹ S_BA` of the fixed
+    block `B` (the inverse of the precision's `AA` block); None where it is
+    not finite and positive definite. A label `fit` frees that the MAP held
+    fixed has no covariance entry: None (an identity first mass matrix)."""
+    x = np.asarray(free.x0, np.float64)
+    labels = tuple(init.labels)
+    if tuple(free.labels) == labels:
+        return np.asarray(init.x, np.float64), init.covariance
+    where = {label: i for i, label in enumerate(labels)}
+    if init.covariance is None or any(lab not in where for lab in free.labels):
+        return x, None
+    cov = np.asarray(init.covariance, np.float64)
+    a = np.array([where[lab] for lab in free.labels])
+    b = np.setdiff1d(np.arange(len(labels)), a)
+    try:
+        S = cov[np.ix_(a, a)] - cov[np.ix_(a, b)] @ np.linalg.solve(
+            cov[np.ix_(b, b)], cov[np.ix_(b, a)]
+        )
+        S = (S + S.T) / 2
+        np.linalg.cholesky(S)
+    except np.linalg.LinAlgError:
+        return x, None
+    return x, (S if np.all(np.isfinite(S)) else None)
 
 
 class _bars:
