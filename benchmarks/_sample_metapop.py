@@ -56,15 +56,21 @@ MAX_STEPS = 16384
 COMPARTMENTS = (("S", 1), ("E", 1), ("ID", 7), ("D", 1), ("IR", 5), ("R", 1))
 
 
-def fit_config(rtol: float = RTOL, atol: float = ATOL) -> dict:
-    """The fit configuration: the tolerances and every parameter's prior."""
+def fit_config(rtol: float = RTOL, atol: float = ATOL, fix_neural=False) -> dict:
+    """The fit configuration: the tolerances and every parameter's prior;
+    with `fix_neural`, the MLP's weights fixed (at the MAP's values, when the
+    sampler starts from a fit): the posterior of the rest given them."""
     params = {
         k: {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
         for k, (m, s) in RATE_PRIORS.items()
     }
     m, s = SCALER_PRIOR
     params["scaler"] = {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
-    params["beta"] = {"prior": {"family": "normal", "mean": 0.0, "sd": WEIGHT_SD}}
+    params["beta"] = (
+        {"fixed": True}
+        if fix_neural
+        else {"prior": {"family": "normal", "mean": 0.0, "sd": WEIGHT_SD}}
+    )
     return {"rtol": rtol, "atol": atol, "parameters": params}
 
 
@@ -149,9 +155,10 @@ def true_p(patches) -> np.ndarray:
     return np.concatenate([rates, *mlp])
 
 
-def _log_prior(p, n: int):
+def _log_prior(p, n: int, neural: bool = True):
     """Log prior of the constrained values plus the softplus log-Jacobians,
-    without the normalising constants (as epifit's objective)."""
+    without the normalising constants (as epifit's objective); the MLP's
+    weights' only when they are sampled (`neural`)."""
     import jax
     import jax.numpy as jnp
 
@@ -161,6 +168,8 @@ def _log_prior(p, n: int):
     c = jax.nn.softplus(x)
     z = (jnp.log(c) - jnp.log(jnp.asarray(medians))) / jnp.asarray(sdlogs)
     total = -jnp.sum(0.5 * z**2 + jnp.log(c)) + jnp.sum(jax.nn.log_sigmoid(x))
+    if not neural:
+        return total
     return total - 0.5 * jnp.sum(jnp.square(p[3 + n :] / WEIGHT_SD))
 
 
@@ -175,9 +184,11 @@ def _poisson(y, mu):
     return jnp.sum(jnp.where(ok, xlogy - mu - gammaln(y0 + 1.0), 0.0))
 
 
-def log_density(kind: str, A: dict, rtol=RTOL, atol=ATOL, max_steps=MAX_STEPS):
+def log_density(kind: str, A: dict, rtol=RTOL, atol=ATOL, max_steps=MAX_STEPS,
+                neural: bool = True):  # fmt: skip
     """The hand-written log posterior `logp(p)` on `kind`'s solver
-    (`diffrax` or `odeint`)."""
+    (`diffrax` or `odeint`); without the MLP weights' prior unless `neural`
+    (they are sampled)."""
     import jax.numpy as jnp
     from reference import peers, problem
 
@@ -209,7 +220,7 @@ def log_density(kind: str, A: dict, rtol=RTOL, atol=ATOL, max_steps=MAX_STEPS):
         ys, ok = solve(p)
         mu_i = pop[None, :] * jnp.diff(1.0 - ys[:, 0, :], axis=0)
         mu_d = pop[None, :] * jnp.diff(ys[:, 9, :], axis=0)
-        value = _poisson(y_i, mu_i) + _poisson(y_d, mu_d) + _log_prior(p, n)
+        value = _poisson(y_i, mu_i) + _poisson(y_d, mu_d) + _log_prior(p, n, neural)
         return jnp.where(ok & jnp.isfinite(value), value, -jnp.inf)
 
     return logp
@@ -248,6 +259,8 @@ def worker_epifit(a, fit_path: str) -> None:
     watcher = threading.Thread(target=_watch, args=(ck, a, t, stop), daemon=True)
     watcher.start()
     post = epifit.sample(data=str(DATA), init=fit_path, chains=a.chains,
+                         fit=fit_config(fix_neural=a.fix_neural),
+                         mass_matrix=a.mass_matrix,
                          warmup=a.warmup, draws=a.draws, seed=a.seed, chunk=a.block,
                          chain_method=a.chain_method, checkpoint=ck,
                          progress=False)  # fmt: skip
@@ -314,29 +327,65 @@ def _epifit_draws(posterior) -> dict:
     return out
 
 
+def sampled_start(fit_path: str, fix_neural: bool, mass_matrix: str):
+    """What `epifit.sample` starts from, by its own rules: the MAP fit, the
+    labels and MAP values of the free vector sampled (conditional on the
+    MLP's weights with `fix_neural`), and the first inverse mass matrix (the
+    Laplace covariance, conditioned), so that every tool starts the same."""
+    from epifit import FitResult
+    from epifit.fitting import fit_config as config_of
+    from epifit.fitting import resolve_fit
+    from epifit.sampling._nuts import NutsSettings, initial_inverse_mass
+    from epifit.sampling._sample import _conditioned
+
+    fit = FitResult.from_netcdf(fit_path, data=str(DATA))
+    config = config_of(fit_config(fix_neural=fix_neural))
+    free = resolve_fit(fit.problem, config, init=fit.params).objective.free
+    x, cov = _conditioned(fit, free)
+    imm = initial_inverse_mass(cov, x.size, NutsSettings(mass_matrix=mass_matrix))
+    return fit, free.labels, x, imm
+
+
+def on_sampled(logp_p, p_map, at):
+    """`logp_p` (of the reference's `p`) as a function of the sampled
+    coordinates `q`: `p_map` with `p[at] = q` (a gather: `at` is where each
+    sampled label sits in `p`)."""
+    import jax.numpy as jnp
+
+    p_map = jnp.asarray(p_map)
+    return lambda q: logp_p(p_map.at[at].set(q))
+
+
 def worker_numpyro(a, kind: str, fit_path: str) -> None:
+    """numpyro's NUTS over epifit's sampled coordinates `q` (the same order,
+    start and first inverse mass matrix), mapped into the reference's `p`
+    (the MAP's values for the rest) by a gather."""
     import jax
+    import jax.numpy as jnp
     from numpyro.infer.hmc import hmc
 
-    from epifit import FitResult
-
     A = arrays()
-    fit = FitResult.from_netcdf(fit_path)
-    p0 = jax.numpy.asarray(from_epifit(fit.x, fit.labels, A["patches"]))
-    logp = log_density(kind, A)
-    init_kernel, sample_kernel = hmc(potential_fn=lambda p: -logp(p), algo="NUTS")
-    run = _Run(a, A)
+    fit, labels, x0, imm = sampled_start(fit_path, a.fix_neural, a.mass_matrix)
+    p_map = from_epifit(fit.x, fit.labels, A["patches"])
+    index = reference_index(fit.labels, A["patches"])
+    at = index[[fit.labels.index(s) for s in labels]]
+    logp = on_sampled(log_density(kind, A, neural=not a.fix_neural), p_map, at)
+    init_kernel, sample_kernel = hmc(potential_fn=lambda q: -logp(q), algo="NUTS")
+    run = _Run(a, A, p_map, at)
     for c in range(a.chains):
         key = jax.random.fold_in(jax.random.key(a.seed), c)
         t = time.perf_counter()
-        state = init_kernel(p0, num_warmup=a.warmup, target_accept_prob=0.8,
-                            max_tree_depth=10, rng_key=key)  # fmt: skip
+        state = init_kernel(jnp.asarray(x0), num_warmup=a.warmup,
+                            inverse_mass_matrix=jnp.asarray(imm),
+                            dense_mass=a.mass_matrix == "dense",
+                            target_accept_prob=0.8, max_tree_depth=10,
+                            rng_key=key)  # fmt: skip
         run.compile_s += time.perf_counter() - t
         if run.block is None:
             t = time.perf_counter()
             run.block = _compiled_block(sample_kernel, state, 1)
             run.compile_s += time.perf_counter() - t
-        run.emit(c, np.zeros((0, p0.size)))  # compiled: a stopped peer says so
+        run.emit(c, np.zeros((0, x0.size)))  # compiled: a stopped peer says so
         run.chain(c, state)
 
 
@@ -356,8 +405,9 @@ def _compiled_block(sample_kernel, state, n: int):
 class _Run:
     """A numpyro worker's tallies, emitted after every block."""
 
-    def __init__(self, a, A):
+    def __init__(self, a, A, p_map, at):
         self.a, self.n = a, len(A["patches"])
+        self.p_map, self.at = p_map, at  # q (the sampled coordinates) into p
         self.block, self.compile_s, self.t0 = None, 0.0, time.perf_counter()
         self.warmup_s, self.draws_s, self.warm_grads, self.grads = [], [], [], []
         self.iters, self.total, self.divergences, self.done = [], [], 0, 0
@@ -393,7 +443,9 @@ class _Run:
     def emit(self, c: int, z) -> None:
         """A line with the tallies so far and the draws of the complete chains."""
         if c + 1 == self.done:  # chain c just finished: keep its draws
-            for k, v in named_draws(z[None], self.n).items():
+            p = np.broadcast_to(self.p_map, (*z.shape[:-1], self.p_map.size)).copy()
+            p[..., self.at] = z
+            for k, v in named_draws(p[None], self.n).items():
                 self.draws.setdefault(k, []).extend(v)
         h.emit(
             {

@@ -320,6 +320,7 @@ def metapop_main(a, ap) -> int:
     print(f"MAP: {head}")
     extra = ["--problem", "metapop", "--block", str(a.block), "--fit", fit_path]
     extra += ["--chain-method", a.chain_method] if a.chain_method else []
+    extra += ["--mass-matrix", a.mass_matrix] + (["--fix-neural"] * a.fix_neural)
     records = [_run_capped(t, a, extra, _summarise_metapop) for t in tools]
     cols = [
         ("tool", "tool", ""),
@@ -365,6 +366,10 @@ def main(argv=None) -> int:
     ap.add_argument(
         "--chain-method", default=None, help="metapop: epifit.sample's chain_method"
     )
+    ap.add_argument("--mass-matrix", choices=("diagonal", "dense"),
+                    default="diagonal", help="metapop: every tool's")  # fmt: skip
+    ap.add_argument("--fix-neural", action="store_true", help="metapop: sample the "
+                    "rates and scalers given the MLP's weights at the MAP")  # fmt: skip
     ap.add_argument("--fit", help="metapop: a FIT.nc of the MAP to start from "
                     "(default: calibrate it first)")  # fmt: skip
     ap.add_argument("--fit-iterations", type=int, default=400, help=argparse.SUPPRESS)

@@ -312,3 +312,38 @@ def test_metapop_peers_log_density_is_epifits_log_posterior():
         np.testing.assert_allclose(got, want, rtol=1e-6, err_msg=kind)
     # the two points differ by far more than the tolerance: not a constant
     assert abs(want[1] - want[0]) > 1e-3 * abs(want[0])
+
+
+def test_metapop_peers_conditional_log_density_is_epifits():
+    """`--fix-neural`: the peers' log density over the sampled coordinates
+    (`on_sampled` of the density without the MLP's prior) is epifit's
+    `LogDensity` with the MLP's weights fixed, at a point off the true
+    rates and scalers (the weights at their true values). One evaluation on
+    `odeint` (the mapping is the same for both peers)."""
+    import jax
+    import jax.numpy as jnp
+
+    from epifit.fitting import fit_config, resolve_fit
+    from epifit.fitting._parameters import FreeParameters
+    from epifit.sampling._density import LogDensity
+
+    jax.config.update("jax_enable_x64", True)
+    mp = helpers.import_benchmark("_sample_metapop")
+    rtol, atol = 1e-10, 1e-13
+    problem = mp.problem()
+    A = mp.arrays()
+    p_true = mp.true_p(A["patches"])
+    params = helpers.params_from_flat(problem.model, p_true, problem.n_patches)
+    config = fit_config(mp.fit_config(rtol, atol, fix_neural=True))
+    objective = resolve_fit(problem, config, init=params).objective
+    labels = objective.free.labels
+    assert len(labels) == 23 and not any("beta" in s for s in labels)
+    every = FreeParameters(problem, params).labels
+    at = mp.reference_index(every, A["patches"])[[every.index(s) for s in labels]]
+    q = p_true[at] + np.random.default_rng(4).normal(0.0, 0.005, 23)
+    want = float(jax.jit(LogDensity(objective))(jnp.asarray(q), objective.data()))
+    logp = mp.on_sampled(mp.log_density("odeint", A, rtol, atol, neural=False),
+                         p_true, at)  # fmt: skip
+    np.testing.assert_allclose(float(jax.jit(logp)(jnp.asarray(q))), want, rtol=1e-6)
+    full = mp.log_density("odeint", A, rtol, atol)  # differs by the MLP's prior
+    assert abs(float(jax.jit(full)(jnp.asarray(p_true))) - want) > 1.0
