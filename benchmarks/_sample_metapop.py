@@ -155,6 +155,16 @@ def true_p(patches) -> np.ndarray:
     return np.concatenate([rates, *mlp])
 
 
+def true_values() -> dict:
+    """The data's true kappa, alpha and gamma (its attributes)."""
+    import json
+
+    import xarray as xr
+
+    t = json.loads(xr.open_dataset(DATA).attrs["true_parameters"])
+    return {k: float(t[k]) for k in ("kappa", "alpha", "gamma")}
+
+
 def _log_prior(p, n: int, neural: bool = True):
     """Log prior of the constrained values plus the softplus log-Jacobians,
     without the normalising constants (as epifit's objective); the MLP's

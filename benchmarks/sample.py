@@ -255,6 +255,7 @@ def _summarise_metapop(tool: str, rec: dict, a) -> dict:
         if rec["chains"] > 1:
             out["max_r_hat"] = float(max(az.rhat(idata)[k] for k in post))
         out["means"] = {k: float(post[k].mean()) for k in ("kappa", "alpha", "gamma")}
+        out |= _intervals(post)
     warm_s, draws_s = rec.get("warmup_s", []), rec.get("draws_s", [])
     if tool == "epifit" and sum(rec.get("grads", [])):  # warm-up's not recorded
         later = slice(1, None) if len(draws_s) > 1 else slice(None)
@@ -285,6 +286,18 @@ def _summarise_metapop(tool: str, rec: dict, a) -> dict:
         out["note"] = "every draw diverged: the chain did not move (a start of "
         out["note"] += "-inf density?); its ESS is not reported"
     return out
+
+
+def _intervals(post: dict) -> dict:
+    """The 95% credible intervals (2.5% and 97.5% quantiles of the pooled
+    draws) of kappa, alpha and gamma, and which contain the data's truth."""
+    import _sample_metapop as mp
+    import numpy as np
+
+    truth = mp.true_values()
+    ci = {k: np.quantile(post[k], [0.025, 0.975]).tolist() for k in truth}
+    held = [k for k, (lo, hi) in ci.items() if lo <= truth[k] <= hi]
+    return {"ci95": ci, "truth": truth, "truth_in_ci95": f"{len(held)}/{len(ci)}"}
 
 
 def metapop_main(a, ap) -> int:
@@ -338,6 +351,7 @@ def metapop_main(a, ap) -> int:
         ("ess_per_s", "ESS/s", "{:.3f}"),
         ("max_r_hat", "R-hat", "{:.3f}"),
         ("divergences", "div", ""),
+        ("truth_in_ci95", "truth in 95% CI", ""),
         ("target_wall_s_extrapolated", "4x(500+500) s, extrap.", "{:.0f}"),
         ("note", "note", ""),
     ]

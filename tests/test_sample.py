@@ -151,6 +151,15 @@ def test_a_fit_that_fixes_a_parameter_samples_the_conditional_posterior(decay):
     assert "B0" not in post.data.posterior
     assert abs(row["mean"] - centre) <= 3 * row["mcse_mean"], row
     assert abs(row["sd"] - np.sqrt(var)) <= 3 * row["mcse_sd"], row
+    # its forecast: A0's draws, B0 at the fit's value (what the draws had)
+    fc = epifit.forecast(fit, days=5, samples=1000, posterior=post,
+                         observation_noise=False, quantiles=[0.0, 1.0])  # fmt: skip
+    assert fc.attrs["posterior_fixed_at_fit"] == 1
+    a0 = post.data.posterior["A0"].values.ravel()
+    t = fc.sizes["time"] - 1
+    last = fc["b_obs"].sel(scenario="baseline").isel(time=-1, patch=0).values
+    span = (1 - np.exp(-K * t)) * np.array([a0.min(), a0.max()])
+    np.testing.assert_allclose(last, b0 + span, rtol=1e-6)
 
 
 # measured: the NUTS transitions are bit for bit the same vmapped, but the

@@ -361,7 +361,9 @@ def _draws(problem: Problem, template, fit_obj, cov, samples, seed, posterior):
             f"{list(fit_obj.labels)[:8]} vs {labels[:8]}."
         )
     if posterior is not None:
-        draws, attrs = posterior_draws(posterior, tuple(labels), int(samples), seed)
+        draws, attrs = posterior_draws(
+            posterior, tuple(labels), int(samples), seed, x_hat
+        )
     else:
         cov = cov if samples else None
         draws = draw_samples(x_hat, cov, int(samples), seed=int(seed))

@@ -103,11 +103,19 @@ def _posterior_group(posterior: Any) -> tuple[xr.Dataset, str]:
 
 
 def posterior_draws(
-    posterior: Any, labels: tuple[str, ...], samples: int, seed: int
+    posterior: Any,
+    labels: tuple[str, ...],
+    samples: int,
+    seed: int,
+    x_hat: np.ndarray | None = None,
 ) -> tuple[np.ndarray, dict[str, Any]]:
     """`samples` of the posterior's draws of the free vector, `(samples,
     free)` (chosen without replacement, by `seed`, among all chains' draws),
     and the provenance attributes of the forecast.
+
+    A posterior over some of the fit's free parameters (sampled with the
+    others fixed at the fit's values, `x_hat`: a conditional posterior)
+    gives draws with those others at `x_hat`.
 
     Raises:
         ValueError: a file that is not a posterior, free parameters that are
@@ -121,7 +129,8 @@ def posterior_draws(
             f"{where}: no free vector 'x' (chain, draw, free) to draw from"
         )
     theirs = tuple(str(v) for v in group["free"].values)
-    if theirs != tuple(labels):
+    cols = _columns(theirs, labels, x_hat)
+    if cols is None:
         diff = next(
             (i for i, (a, b) in enumerate(zip(theirs, labels, strict=False)) if a != b),
             min(len(theirs), len(labels)),
@@ -141,6 +150,29 @@ def posterior_draws(
         )
     pick = np.sort(np.random.default_rng(seed).choice(flat.shape[0], samples, False))
     attrs = {"draws_from": "posterior", "posterior_draws": int(flat.shape[0])}
-    if source:
-        attrs |= {"posterior_file": source, "posterior_sha256": file_sha256(source)}
-    return flat[pick], attrs
+    if len(cols) < len(labels):  # the rest at the fit's values
+        full = np.tile(np.asarray(x_hat, np.float64), (samples, 1))
+        full[:, cols] = flat[pick]
+        attrs["posterior_fixed_at_fit"] = len(labels) - len(cols)
+        return full, attrs | _source_attrs(source)
+    return flat[pick], attrs | _source_attrs(source)
+
+
+def _source_attrs(source: str) -> dict[str, Any]:
+    if not source:
+        return {}
+    return {"posterior_file": source, "posterior_sha256": file_sha256(source)}
+
+
+def _columns(theirs, labels, x_hat) -> list[int] | None:
+    """Where each of the posterior's free labels sits among the fit's: all
+    of them in order, or (given the fit's values `x_hat`) a subset of them,
+    each once; None otherwise."""
+    if theirs == tuple(labels):
+        return list(range(len(labels)))
+    where = {label: i for i, label in enumerate(labels)}
+    if x_hat is None or len(set(theirs)) != len(theirs):
+        return None
+    if not theirs or any(t not in where for t in theirs):
+        return None
+    return [where[t] for t in theirs]
