@@ -220,16 +220,18 @@ def _summarise(tool: str, rec: dict, a) -> dict:
 
 
 def _run_capped(tool: str, a, extra=(), summarise=None) -> dict:
-    """The tool's worker, stopped at `--cap` seconds; its last complete line."""
+    """The tool's worker, stopped at `--cap` seconds (a peer at `--peer-cap`,
+    where given); its last complete line."""
+    cap = a.cap if tool == "epifit" or a.peer_cap is None else a.peer_cap
     argv = [sys.executable, __file__, "--worker", tool]
     argv += ["--chains", str(a.chains), "--warmup", str(a.warmup)]
     argv += ["--draws", str(a.draws), "--seed", str(a.seed), *extra]
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=a.cap)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=cap)
         stdout, note = proc.stdout, "" if proc.returncode == 0 else proc.stderr
     except subprocess.TimeoutExpired as e:
         stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else e.stdout or ""
-        note = f"stopped at its time cap of {a.cap:.0f} s"
+        note = f"stopped at its time cap of {cap:.0f} s"
     lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     rec = json.loads(lines[-1]) if lines else {}
     if note:
@@ -367,6 +369,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draws", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cap", type=float, default=900.0, help="seconds per tool")
+    ap.add_argument("--peer-cap", type=float, help="seconds per peer (default --cap)")
     ap.add_argument("--tools", default=",".join(TOOLS))
     ap.add_argument("--worker", choices=TOOLS, help=argparse.SUPPRESS)
     ap.add_argument("--json")
