@@ -270,7 +270,7 @@ def worker_epifit(a, fit_path: str) -> None:
     watcher.start()
     post = epifit.sample(data=str(DATA), init=fit_path, chains=a.chains,
                          fit=fit_config(fix_neural=a.fix_neural),
-                         mass_matrix=a.mass_matrix,
+                         mass_matrix=a.mass_matrix, whiten=not a.no_whiten,
                          warmup=a.warmup, draws=a.draws, seed=a.seed, chunk=a.block,
                          chain_method=a.chain_method, checkpoint=ck,
                          progress=False)  # fmt: skip
@@ -337,14 +337,18 @@ def _epifit_draws(posterior) -> dict:
     return out
 
 
-def sampled_start(fit_path: str, fix_neural: bool, mass_matrix: str):
+def sampled_start(fit_path: str, fix_neural: bool, mass_matrix: str, whiten=False):
     """What `epifit.sample` starts from, by its own rules: the MAP fit, the
     labels and MAP values of the free vector sampled (conditional on the
-    MLP's weights with `fix_neural`), and the first inverse mass matrix (the
-    Laplace covariance, conditioned), so that every tool starts the same."""
+    MLP's weights with `fix_neural`), the first inverse mass matrix (the
+    Laplace covariance, conditioned) and, with `whiten`, the root of that
+    covariance the chains' coordinates are whitened by (`x = x_map + root @
+    z`, an identity first inverse mass matrix; None without), so that every
+    tool starts the same."""
     from epifit import FitResult
     from epifit.fitting import fit_config as config_of
     from epifit.fitting import resolve_fit
+    from epifit.sampling._density import whitening
     from epifit.sampling._nuts import NutsSettings, initial_inverse_mass
     from epifit.sampling._sample import _conditioned
 
@@ -352,8 +356,10 @@ def sampled_start(fit_path: str, fix_neural: bool, mass_matrix: str):
     config = config_of(fit_config(fix_neural=fix_neural))
     free = resolve_fit(fit.problem, config, init=fit.params).objective.free
     x, cov = _conditioned(fit, free)
-    imm = initial_inverse_mass(cov, x.size, NutsSettings(mass_matrix=mass_matrix))
-    return fit, free.labels, x, imm
+    roots = whitening(cov) if whiten else None
+    settings = NutsSettings(mass_matrix=mass_matrix)
+    imm = initial_inverse_mass(None if roots else cov, x.size, settings)
+    return fit, free.labels, x, imm, None if roots is None else roots[0]
 
 
 def on_sampled(logp_p, p_map, at):
@@ -375,13 +381,19 @@ def worker_numpyro(a, kind: str, fit_path: str) -> None:
     from numpyro.infer.hmc import hmc
 
     A = arrays()
-    fit, labels, x0, imm = sampled_start(fit_path, a.fix_neural, a.mass_matrix)
+    fit, labels, x0, imm, root = sampled_start(
+        fit_path, a.fix_neural, a.mass_matrix, whiten=not a.no_whiten
+    )
     p_map = from_epifit(fit.x, fit.labels, A["patches"])
     index = reference_index(fit.labels, A["patches"])
     at = index[[fit.labels.index(s) for s in labels]]
     logp = on_sampled(log_density(kind, A, neural=not a.fix_neural), p_map, at)
-    init_kernel, sample_kernel = hmc(potential_fn=lambda q: -logp(q), algo="NUTS")
-    run = _Run(a, A, p_map, at)
+    to_q = (lambda z: z) if root is None else _affine(x0, root)
+    if root is not None:  # epifit's whitened coordinates z, from the MAP z = 0
+        x0 = np.zeros_like(x0)
+    init_kernel, sample_kernel = hmc(potential_fn=lambda z: -logp(to_q(z)),
+                                     algo="NUTS")  # fmt: skip
+    run = _Run(a, A, p_map, at, to_q)
     for c in range(a.chains):
         key = jax.random.fold_in(jax.random.key(a.seed), c)
         t = time.perf_counter()
@@ -397,6 +409,20 @@ def worker_numpyro(a, kind: str, fit_path: str) -> None:
             run.compile_s += time.perf_counter() - t
         run.emit(c, np.zeros((0, x0.size)))  # compiled: a stopped peer says so
         run.chain(c, state)
+
+
+def _affine(shift, root):
+    """`z -> shift + root @ z`, for JAX and NumPy arrays (a batch of rows)."""
+    import jax.numpy as jnp
+
+    shift, root = np.asarray(shift), np.asarray(root)
+
+    def to_q(z):
+        if isinstance(z, np.ndarray):
+            return shift + z @ root.T
+        return jnp.asarray(shift) + z @ jnp.asarray(root).T
+
+    return to_q
 
 
 def _compiled_block(sample_kernel, state, n: int):
@@ -415,9 +441,10 @@ def _compiled_block(sample_kernel, state, n: int):
 class _Run:
     """A numpyro worker's tallies, emitted after every block."""
 
-    def __init__(self, a, A, p_map, at):
+    def __init__(self, a, A, p_map, at, to_q=lambda z: z):
         self.a, self.n = a, len(A["patches"])
         self.p_map, self.at = p_map, at  # q (the sampled coordinates) into p
+        self.to_q = to_q  # the sampler's coordinates into q
         self.block, self.compile_s, self.t0 = None, 0.0, time.perf_counter()
         self.warmup_s, self.draws_s, self.warm_grads, self.grads = [], [], [], []
         self.iters, self.total, self.divergences, self.done = [], [], 0, 0
@@ -454,7 +481,7 @@ class _Run:
         """A line with the tallies so far and the draws of the complete chains."""
         if c + 1 == self.done:  # chain c just finished: keep its draws
             p = np.broadcast_to(self.p_map, (*z.shape[:-1], self.p_map.size)).copy()
-            p[..., self.at] = z
+            p[..., self.at] = self.to_q(np.asarray(z, np.float64))
             for k, v in named_draws(p[None], self.n).items():
                 self.draws.setdefault(k, []).extend(v)
         h.emit(

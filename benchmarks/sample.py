@@ -336,6 +336,7 @@ def metapop_main(a, ap) -> int:
     extra = ["--problem", "metapop", "--block", str(a.block), "--fit", fit_path]
     extra += ["--chain-method", a.chain_method] if a.chain_method else []
     extra += ["--mass-matrix", a.mass_matrix] + (["--fix-neural"] * a.fix_neural)
+    extra += ["--no-whiten"] * a.no_whiten
     records = [_run_capped(t, a, extra, _summarise_metapop) for t in tools]
     cols = [
         ("tool", "tool", ""),
@@ -385,6 +386,9 @@ def main(argv=None) -> int:
     )
     ap.add_argument("--mass-matrix", choices=("diagonal", "dense"),
                     default="diagonal", help="metapop: every tool's")  # fmt: skip
+    ap.add_argument("--no-whiten", action="store_true", help="metapop: every "
+                    "tool on the unconstrained coordinates, not the Laplace "
+                    "approximation's whitened ones")  # fmt: skip
     ap.add_argument("--fix-neural", action="store_true", help="metapop: sample the "
                     "rates and scalers given the MLP's weights at the MAP")  # fmt: skip
     ap.add_argument("--fit", help="metapop: a FIT.nc of the MAP to start from "

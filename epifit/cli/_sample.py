@@ -34,6 +34,13 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
         help="the adapted mass matrix (default diagonal)",
     )
     p.add_argument(
+        "--no-whiten",
+        action="store_true",
+        help="sample the unconstrained parameters themselves, not the Laplace "
+        "approximation's whitened coordinates (the default where the start has "
+        "a positive definite covariance)",
+    )
+    p.add_argument(
         "--target-accept",
         type=_flags.number(positive=True),
         default=0.8,
@@ -88,6 +95,7 @@ def _run(a) -> int:
             draws=a.draws,
             seed=a.seed,
             mass_matrix=a.mass_matrix,
+            whiten=False if a.no_whiten else None,
             target_accept=a.target_accept,
             chain_method=a.chain_method,
             workers=a.workers,
@@ -138,8 +146,7 @@ def _command(a) -> str:
     ):
         if value is not None:
             words += [flag, str(value)]
-    if a.resume:
-        words.append("--resume")
+    words += ["--resume"] * a.resume + ["--no-whiten"] * a.no_whiten
     return shlex.join(words)
 
 

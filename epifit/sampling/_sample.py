@@ -18,7 +18,7 @@ from epifit.sampling._chains import (
     run_vectorized,
 )
 from epifit.sampling._checkpoint import chain_checkpoint
-from epifit.sampling._density import LogDensity
+from epifit.sampling._density import LogDensity, Whitened, whitening
 from epifit.sampling._nuts import (
     NutsSettings,
     Programs,
@@ -53,6 +53,7 @@ def sample(
     checkpoint: str | os.PathLike | None = None,
     resume: bool = False,
     progress: bool | str = "auto",
+    whiten: bool | None = None,
 ) -> Posterior:
     """Posterior draws of a model's free parameters by NUTS (blackjax).
 
@@ -65,10 +66,12 @@ def sample(
     samples. Chains start from draws of the Laplace approximation at the MAP
     (which `init`, a `FitResult` or `FIT.nc`, gives; else `calibrate` finds
     it first), a draw where the log density is not finite pulled towards the
-    MAP until it is; the Laplace covariance (its diagonal for
-    `mass_matrix="diagonal"`) seeds the mass matrix. A chain's draws depend
-    on `seed`, the chain and the draw's index alone: not on `chain_method`
-    (but for rounding), `chunk` or an interruption and resume.
+    MAP until it is; the chains move on the Laplace approximation's
+    whitened coordinates (`whiten`), or, without it, the Laplace covariance
+    (its diagonal for `mass_matrix="diagonal"`) seeds the mass matrix. A
+    chain's draws depend on `seed`, the chain and the draw's index alone:
+    not on `chain_method` (but for rounding), `chunk` or an interruption and
+    resume.
 
     Args:
         model_or_problem, data, fit: as for `calibrate` (a `Problem`, or a
@@ -95,6 +98,14 @@ def sample(
         checkpoint: a file the chains are saved to atomically after the
             warm-up and every chunk; `resume=True` continues from it.
         progress: a progress bar per chain on stderr.
+        whiten: sample the whitened coordinates `z` of the Laplace
+            approximation, `x = x_map + root @ z` (`root @ root.T` its
+            covariance), with an identity first mass matrix: `None` (the
+            default) where the start has a positive definite covariance,
+            `True` to insist, `False` never. Adaptation then estimates a
+            mass matrix of order one, which the window adaptation's
+            regularisation towards `1e-3 I` leaves intact (on `x` it swamps
+            posterior variances below about 1e-5; see `Whitened`).
 
     Returns:
         A [`Posterior`][epifit.sampling.Posterior] (its `.data` an
@@ -107,6 +118,8 @@ def sample(
                             mass_matrix=mass_matrix, target_accept=target_accept,
                             max_tree_depth=max_tree_depth, chunk=chunk)  # fmt: skip
     method, n_workers = resolve_chain_method(chain_method, workers, chains)
+    if whiten is not None and not isinstance(whiten, bool):
+        raise ValueError(f"whiten must be True, False or None; got {whiten!r}")
     start = (_map if values is None else _given)(model_or_problem, data, fit, init,
                                                  values)  # fmt: skip
     objective = start["objective"]
@@ -115,12 +128,23 @@ def sample(
     x_map = np.asarray(start["x"], np.float64)
     starts = start_points(x_map, start["covariance"], settings)
     starts = finite_start_points(starts, x_map, objective.compiled("loss"), data_)
-    imm0 = jnp.asarray(initial_inverse_mass(start["covariance"], x_map.size, settings))
-    store = chain_checkpoint(checkpoint, resume, objective, settings, starts)
+    roots = _whitening(whiten, start["covariance"])
+    if roots is None:
+        run_density, run_starts, keyed = density, starts, starts
+        imm0 = initial_inverse_mass(start["covariance"], x_map.size, settings)
+    else:  # the chains move on z, x = x_map + root @ z
+        run_density = Whitened(density, x_map, roots[0])
+        run_starts = (starts - x_map) @ roots[1].T
+        keyed = np.vstack([run_starts, roots[0]])
+        imm0 = initial_inverse_mass(None, x_map.size, settings)
+    store = chain_checkpoint(checkpoint, resume, objective, settings, keyed)
     t0 = time.perf_counter()
     with _bars(progress, settings) as bar:
-        results = _run_chains(method, n_workers, density, settings,
-                              starts.astype(x_map.dtype), imm0, store, bar)  # fmt: skip
+        results = _run_chains(method, n_workers, run_density, settings,
+                              run_starts.astype(x_map.dtype), jnp.asarray(imm0),
+                              store, bar)  # fmt: skip
+    if roots is not None:
+        results = [_unwhitened(r, x_map, roots[0]) for r in results]
     sampling_s = time.perf_counter() - t0
     idata = posterior_data(
         density,
@@ -128,11 +152,37 @@ def sample(
         results,
         settings,
         x_map=x_map,
-        provenance=start["provenance"] | _method_attrs(method, n_workers),
+        provenance=start["provenance"]
+        | _method_attrs(method, n_workers)
+        | {"whitening": "none" if roots is None else "laplace"},
         timing=_timing(results, sampling_s, time.perf_counter() - wall),
         fit=start["fit"],
     )
     return Posterior(idata, fit=start["fit"])
+
+
+def _whitening(whiten, covariance):
+    """The whitening root and its inverse: the Laplace covariance's, unless
+    `whiten` is False or (None) there is none that can whiten."""
+    roots = None if whiten is False else whitening(covariance)
+    if whiten is True and roots is None:
+        raise ValueError(
+            "whiten=True needs a positive definite Laplace covariance at the MAP "
+            "(init or a calibrate run with uncertainty); this start has none"
+        )
+    return roots
+
+
+def _unwhitened(result: dict, shift, root) -> dict:
+    """A chain's result on `x`: its draws `shift + root @ z`, its adapted
+    inverse mass matrix `root M root.T` (a diagonal `M` made dense)."""
+    m = np.asarray(result["inverse_mass_matrix"], np.float64)
+    m = np.diag(m) if m.ndim == 1 else m
+    z = np.asarray(result["positions"], np.float64)
+    return result | {
+        "positions": (shift + z @ root.T).astype(np.asarray(result["positions"]).dtype),
+        "inverse_mass_matrix": root @ m @ root.T,
+    }
 
 
 def _run_chains(method, workers, density, settings, starts, imm0, store, bar):
