@@ -102,10 +102,7 @@ def sample(
             approximation, `x = x_map + root @ z` (`root @ root.T` its
             covariance), with an identity first mass matrix: `None` (the
             default) where the start has a positive definite covariance,
-            `True` to insist, `False` never. Adaptation then estimates a
-            mass matrix of order one, which the window adaptation's
-            regularisation towards `1e-3 I` leaves intact (on `x` it swamps
-            posterior variances below about 1e-5; see `Whitened`).
+            `True` to insist, `False` never (see `Whitened` for why).
 
     Returns:
         A [`Posterior`][epifit.sampling.Posterior] (its `.data` an
@@ -122,21 +119,23 @@ def sample(
         raise ValueError(f"whiten must be True, False or None; got {whiten!r}")
     start = (_map if values is None else _given)(model_or_problem, data, fit, init,
                                                  values)  # fmt: skip
+    roots = _whitening(whiten, start["covariance"])
+    return _sample_from(start, roots, settings, method, n_workers, checkpoint,
+                        resume, progress, wall)  # fmt: skip
+
+
+def _sample_from(start, roots, settings, method, n_workers, checkpoint, resume,
+                 progress, wall) -> Posterior:  # fmt: skip
+    """`sample` from its `start` (a MAP and its covariance, or given values)."""
     objective = start["objective"]
     data_ = objective.data()
     density = LogDensity(objective)
     x_map = np.asarray(start["x"], np.float64)
     starts = start_points(x_map, start["covariance"], settings)
     starts = finite_start_points(starts, x_map, objective.compiled("loss"), data_)
-    roots = _whitening(whiten, start["covariance"])
-    if roots is None:
-        run_density, run_starts, keyed = density, starts, starts
-        imm0 = initial_inverse_mass(start["covariance"], x_map.size, settings)
-    else:  # the chains move on z, x = x_map + root @ z
-        run_density = Whitened(density, x_map, roots[0])
-        run_starts = (starts - x_map) @ roots[1].T
-        keyed = np.vstack([run_starts, roots[0]])
-        imm0 = initial_inverse_mass(None, x_map.size, settings)
+    run_density, run_starts, keyed, imm0 = _coordinates(
+        roots, density, start["covariance"], x_map, starts, settings
+    )
     store = chain_checkpoint(checkpoint, resume, objective, settings, keyed)
     t0 = time.perf_counter()
     with _bars(progress, settings) as bar:
@@ -146,18 +145,12 @@ def sample(
     if roots is not None:
         results = [_unwhitened(r, x_map, roots[0]) for r in results]
     sampling_s = time.perf_counter() - t0
-    idata = posterior_data(
-        density,
-        data_,
-        results,
-        settings,
-        x_map=x_map,
-        provenance=start["provenance"]
-        | _method_attrs(method, n_workers)
-        | {"whitening": "none" if roots is None else "laplace"},
-        timing=_timing(results, sampling_s, time.perf_counter() - wall),
-        fit=start["fit"],
-    )
+    provenance = start["provenance"] | _method_attrs(method, n_workers)
+    provenance["whitening"] = "none" if roots is None else "laplace"
+    timing = _timing(results, sampling_s, time.perf_counter() - wall)
+    idata = posterior_data(density, data_, results, settings, x_map=x_map,
+                           provenance=provenance, timing=timing,
+                           fit=start["fit"])  # fmt: skip
     return Posterior(idata, fit=start["fit"])
 
 
@@ -171,6 +164,19 @@ def _whitening(whiten, covariance):
             "(init or a calibrate run with uncertainty); this start has none"
         )
     return roots
+
+
+def _coordinates(roots, density, covariance, x_map, starts, settings):
+    """The chains' density, starts, checkpoint key and first inverse mass
+    matrix: on `x` itself, or (with whitening `roots`) on `z`, where
+    `x = x_map + root @ z`."""
+    if roots is None:
+        imm0 = initial_inverse_mass(covariance, x_map.size, settings)
+        return density, starts, starts, imm0
+    z_starts = (starts - x_map) @ roots[1].T
+    keyed = np.vstack([z_starts, roots[0]])
+    imm0 = initial_inverse_mass(None, x_map.size, settings)
+    return Whitened(density, x_map, roots[0]), z_starts, keyed, imm0
 
 
 def _unwhitened(result: dict, shift, root) -> dict:
