@@ -246,3 +246,21 @@ def test_an_objective_pickles_without_its_programs(sir):
     assert "_compiled" in objective.__dict__
     assert "_compiled" not in copy.__dict__
     np.testing.assert_array_equal(np.asarray(copy.compiled("loss")(xs, data)), loss)
+
+
+def test_an_objective_with_a_neural_sub_model_pickles():
+    """`sample(chain_method="processes")` pickles the objective: with an MLP
+    in the model it failed ("Can't pickle <function silu>"); the copy
+    computes the same loss."""
+    import pickle
+
+    problem = Problem(REPO / "models" / "seird_metapop_counts.toml",
+                      REPO / "data" / "synthetic_metapop_20.nc", days=8)  # fmt: skip
+    objective = resolve_fit(problem, fit_config(None)).objective
+    data = objective.data()
+    x = objective.free.x0[None]
+    copy = pickle.loads(pickle.dumps(objective))
+    np.testing.assert_array_equal(
+        np.asarray(copy.compiled("loss")(x, copy.data())),
+        np.asarray(objective.compiled("loss")(x, data)),
+    )

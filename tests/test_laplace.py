@@ -14,6 +14,7 @@ import xarray as xr
 
 from epifit.data import open_dataset
 from epifit.fitting import laplace, parse_fit_config
+from epifit.fitting._fallback import is_fallback
 from epifit.fitting._objective import Objective
 from epifit.fitting._parameters import FreeParameters
 from epifit.fitting._priors import NEURAL_PRIOR_GAIN
@@ -99,6 +100,7 @@ def test_an_indefinite_hessian_is_named_and_the_fallback_stated(indefinite):
     assert w[0] < 0 < w[1]  # the posterior's Hessian is indefinite here
     msg = lap.message
     assert "not positive definite" in msg and "fallback" in msg, msg
+    assert is_fallback(msg)  # what FitResult.laplace_fallback reads
     # the direction of negative curvature, by its largest loading
     top = objective.free.labels[int(np.argmax(np.abs(V[:, 0])))]
     assert f"eigenvalue {w[0]:.3g}: {top} (" in msg, msg

@@ -11,6 +11,7 @@ import scipy.linalg
 from helpers import MODELS, builder_from_dict, to_toml, tree_allclose
 
 from epifit.model import ModelBuilder, ModelSpec, compile_model, load_model, loads_model
+from epifit.model._neural import ACTIVATIONS
 from epifit.ode import PiecewiseConstant
 
 SHIPPED = ["sir", "seir", "seird_boxcar", "seird_metapop_mobility"]
@@ -284,7 +285,10 @@ def test_free_mask_partitions_fixed_parameters_and_activations():
     assert mask == {"N": False, "beta": True, "gamma": True, "I0": True}
     params = model.init_params(3)
     free, static = eqx.partition(params, model.free_mask(params))
-    assert free["beta"].activation is None and static["beta"].activation is jax.nn.swish
+    assert (
+        free["beta"].activation is None
+        and static["beta"].activation is ACTIVATIONS["swish"]
+    )
     assert free["beta"].layers[0].weight.shape == (7, 7)
     assert free["scaler"].shape == (3,)
 
@@ -432,3 +436,17 @@ def test_precompute_and_initial_state_under_jit():
     args2, inputs2 = model.precompute(params, covs)
     assert tree_allclose(args, args2) and tree_allclose(inputs.values, inputs2.values)
     np.testing.assert_array_equal(inputs.times, np.arange(5) - 0.5)
+
+
+def test_neural_activations_pickle_to_themselves():
+    """An MLP holds its activations, and an objective with a neural sub-model
+    is pickled to the sampler's worker processes: every activation pickles
+    by reference (JAX's own jitted and custom_jvp functions do not)."""
+    import pickle
+
+    x = jnp.linspace(-3.0, 3.0, 7)
+    for name, fn in ACTIVATIONS.items():
+        copy = pickle.loads(pickle.dumps(fn))
+        assert copy is fn, name
+        np.testing.assert_array_equal(np.asarray(copy(x)), np.asarray(fn(x)))
+    assert ACTIVATIONS["swish"](x) == pytest.approx(np.asarray(jax.nn.swish(x)))

@@ -14,6 +14,7 @@ import numpy as np
 import xarray as xr
 
 from epifit.data import write_dataset
+from epifit.fitting._fallback import is_fallback
 from epifit.fitting._result_io import TABLE_VARS, fit_dataset, fit_fields, read_fit
 from epifit.simulation import Problem
 
@@ -135,6 +136,13 @@ class FitResult:
     def intervals(self) -> dict[str, dict[str, float]]:
         """Label -> `{estimate, se, lower, upper}`."""
         return {r["label"]: {k: r[k] for k in TABLE_VARS} for r in self.table}
+
+    @property
+    def laplace_fallback(self) -> bool:
+        """Whether `covariance` is the fallback for a Hessian with negative
+        curvature at `x` (its message says so): then it is not the inverse of
+        the posterior's Hessian, and `x` may be a saddle rather than a mode."""
+        return is_fallback(self.uncertainty.get("message", ""))
 
     @property
     def model(self):

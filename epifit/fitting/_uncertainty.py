@@ -47,6 +47,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from epifit._jit import jit
+from epifit.fitting._fallback import FALLBACK
 from epifit.fitting._objective import Objective
 from epifit.fitting._parameters import time_labels
 from epifit.model import constrain, constrain_coefficients
@@ -172,12 +173,6 @@ def laplace(
 CURVATURE_RTOL = 1e-9
 # directions and loadings a note names
 NOTE_DIRECTIONS, NOTE_LOADINGS = 3, 3
-FALLBACK = (
-    "fallback: the covariance is the inverse of the data Hessian with its "
-    "negative eigenvalues set to zero plus the prior's Hessian (the "
-    "directions above keep the prior's curvature only, so their intervals are "
-    "as wide as the prior says)"
-)
 
 
 def _posterior(Hd: np.ndarray, Hp: np.ndarray, labels):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copyreg
 from collections.abc import Callable, Sequence
 
 import equinox as eqx
@@ -21,17 +22,73 @@ __all__ = [
 ]
 
 
+# The activations are this module's own functions, each calling JAX's: an
+# MLP holds its activations, and JAX's (jitted or custom_jvp wrappers) do not
+# pickle, so an objective with a neural sub-model could not be sent to
+# another process (`epifit.sample(chain_method="processes")`). The same
+# operations are traced, so the compiled programs are unchanged.
+
+
 def _identity(x: Array) -> Array:
     return x
 
 
+def swish(x: Array) -> Array:
+    """`jax.nn.swish` (`x * sigmoid(x)`, also called silu)."""
+    return jax.nn.swish(x)
+
+
+def relu(x: Array) -> Array:
+    """`jax.nn.relu`."""
+    return jax.nn.relu(x)
+
+
+def tanh(x: Array) -> Array:
+    """`jax.numpy.tanh`."""
+    return jnp.tanh(x)
+
+
+def softplus(x: Array) -> Array:
+    """`jax.nn.softplus`."""
+    return jax.nn.softplus(x)
+
+
+def sigmoid(x: Array) -> Array:
+    """`jax.nn.sigmoid`."""
+    return jax.nn.sigmoid(x)
+
+
+def _equinox_missing():
+    """Equinox's `MISSING` sentinel, the one object its modules' unflatten
+    code compares with `is`."""
+    from equinox._module._flatten import MISSING
+
+    return MISSING
+
+
+def _pickle_missing_by_name() -> None:
+    """Unpickle equinox's `MISSING` to itself: the tree structure of an
+    equinox module holds it, and a plain pickle makes a new instance, which
+    breaks the module's unflatten (`'_Missing' object is not subscriptable`)
+    in a worker given a pickled objective. Skipped where equinox has no such
+    sentinel."""
+    try:
+        missing = _equinox_missing()
+    except ImportError:
+        return
+    copyreg.pickle(type(missing), lambda _: (_equinox_missing, ()))
+
+
+_pickle_missing_by_name()
+
+
 ACTIVATIONS: dict[str, Callable[[Array], Array]] = {
-    "swish": jax.nn.swish,
-    "silu": jax.nn.silu,
-    "relu": jax.nn.relu,
-    "tanh": jnp.tanh,
-    "softplus": jax.nn.softplus,
-    "sigmoid": jax.nn.sigmoid,
+    "swish": swish,
+    "silu": swish,
+    "relu": relu,
+    "tanh": tanh,
+    "softplus": softplus,
+    "sigmoid": sigmoid,
     "identity": _identity,
 }
 _ALIASES = {"silu": "swish"}  # jax.nn.silu is jax.nn.swish

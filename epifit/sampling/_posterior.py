@@ -297,7 +297,9 @@ class Posterior:
 
     def warnings(self) -> list[str]:
         """What says the chains are not to be trusted yet: R-hat above 1.01,
-        a bulk or tail ESS below 400, divergent transitions."""
+        a bulk or tail ESS below 400, divergent transitions; and what says
+        the posterior is badly conditioned: transitions that reached the
+        maximum tree depth, a start at a saddle (`map_saddle`)."""
         table = self.diagnostics()
         out = []
         bad = table[table["r_hat"] > RHAT_MAX]
@@ -318,7 +320,7 @@ class Posterior:
             out.append(
                 f"{div} divergent transition(s): raise target_accept or reparameterise"
             )
-        return out
+        return out + _geometry_warnings(self.data)
 
     def summary(self) -> str:
         """The diagnostics table and the warnings, as text."""
@@ -357,3 +359,30 @@ class Posterior:
             f"Posterior({p.sizes['chain']} chains x {p.sizes['draw']} draws, "
             f"{len(self.parameters)} parameters)"
         )
+
+
+def _geometry_warnings(idata) -> list[str]:
+    """Transitions that reached the maximum tree depth (the step size far
+    below the posterior's widest scales: each costs `2^depth` gradients), and
+    a start at a saddle of the log posterior (`map_saddle`, set by `sample`)."""
+    attrs = idata.posterior.attrs
+    out = []
+    if "max_tree_depth" in attrs and "tree_depth" in idata.sample_stats:
+        depth = np.asarray(idata.sample_stats["tree_depth"])
+        hits = int((depth >= int(attrs["max_tree_depth"])).sum())
+        if hits:
+            out.append(
+                f"{hits} of {depth.size} transition(s) reached the maximum tree "
+                f"depth {attrs['max_tree_depth']}: a badly conditioned posterior "
+                "(reparameterise, fix what the data cannot identify, or use "
+                "mass_matrix='dense')"
+            )
+    if str(attrs.get("map_saddle", "False")) == "True":
+        out.append(
+            "the MAP the chains started from has negative curvature (its fit's "
+            "Laplace approximation fell back): a saddle, not a mode, so its "
+            "covariance is a poor guide to the posterior's scales; fit longer, "
+            "or sample a conditional posterior (a fit configuration that fixes "
+            "a neural sub-model's weights)"
+        )
+    return out

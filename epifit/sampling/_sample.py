@@ -268,6 +268,12 @@ def _map(model_or_problem, data, fit, init, values=None) -> dict:
             "data_sha256": init.hashes.get("data_sha256", ""),
             "map_loss": float(init.loss),
             "model_text": init.model_text,
+            # the whole free vector from a MAP whose Hessian has negative
+            # curvature (`Posterior.warnings` says what that means)
+            "map_saddle": bool(
+                init.laplace_fallback
+                and tuple(setup.objective.free.labels) == tuple(init.labels)
+            ),
         },
     }
 
