@@ -241,7 +241,7 @@ def test_sample_benchmark_reports_every_tool_and_a_capped_peer(tmp_path):
             "--draws",
             "30",
             "--tools",
-            "epifit,numpyro-odeint",
+            "epifit,epifit-forward,numpyro-odeint",
             "--cap",
             "600",
             "--json",
@@ -259,13 +259,23 @@ def test_sample_benchmark_reports_every_tool_and_a_capped_peer(tmp_path):
         assert ours[key] > 0, (key, ours)
     assert ours["complete"] and ours["chains"] == 2
     assert set(ours["means"]) == {"beta", "gamma", "I0"}
+    forward = records["epifit-forward"]  # forward sensitivities: the same run
+    assert forward["complete"] and forward["s_per_grad"] > 0
+    assert forward.get("ess_per_s_vs_fastest_peer", 0) > 0 or not peer_done(records)
     peer = records["numpyro-odeint"]
     assert peer.get("complete") or "stopped at its time cap" in peer.get("note", "")
-    # both sample the same posterior: R0 = beta / gamma near the MAP's 3.9
-    for r in (ours, peer):
+    # all sample the same posterior: R0 = beta / gamma near the MAP's 3.9
+    for r in (ours, forward, peer):
         if r.get("complete"):
             r0 = r["means"]["beta"] / r["means"]["gamma"]
             assert 3.0 < r0 < 5.0, r
+
+
+def peer_done(records) -> bool:
+    """Whether a peer's record has an ESS/s (epifit's ratio needs one)."""
+    return any(
+        r.get("ess_per_s", 0.0) > 0 for t, r in records.items() if "numpyro" in t
+    )
 
 
 def test_metapop_peers_log_density_is_epifits_log_posterior():

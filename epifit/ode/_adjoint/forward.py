@@ -22,10 +22,17 @@ class ForwardAdjoint(AbstractAdjoint):
     `∂y/∂p_i`, contracted with the cotangent. Directions are vectorised in
     batches of `chunk`.
 
-    **Memory**: `O(n_segments * |y| * chunk)`. **Cost**: about
-    `n_directions / chunk` batched forward solves with tangents: the best choice
-    for a handful of parameters (SIR-type fits), the worst for neural
-    sub-models or per-day inputs. For Gauss-Newton and Laplace approximations
+    With at most `chunk` directions the forward pass solves the primal and
+    every tangent together (one solve, the tangent states kept for the
+    backward pass, which only contracts them with the cotangent); with more,
+    the backward pass solves them chunk by chunk, the primal again with each.
+
+    **Memory**: `O(n_segments * |y| * chunk)`. **Cost**: one batched solve
+    with tangents for at most `chunk` directions (on the boarding-school SIR,
+    3 directions: 0.55x the checkpoint adjoint's gradient, measured in
+    `benchmarks/README.md`), else about `n_directions / chunk` of them plus
+    the primal: the best choice for a handful of parameters (SIR-type fits),
+    the worst for neural sub-models or per-day inputs. For Gauss-Newton and Laplace approximations
     the full Jacobian of the trajectory comes from [`epifit.ode.jacobian`][],
     which runs any solve in forward mode.
 
@@ -53,45 +60,74 @@ class ForwardAdjoint(AbstractAdjoint):
 
         run = jax.custom_vjp(plain)
 
+        def split(ls, idx):
+            """The differentiated leaves as one flat vector, and `full(p)`:
+            every leaf list with those leaves replaced by `p`'s."""
+            sub = [[ls[g][i] for i in idx[g]] for g in range(3)]
+            flat, unravel = ravel_pytree(sub)
+
+            def full(p):
+                parts = unravel(p)
+                out = [list(ls[g]) for g in range(3)]
+                for g in range(3):
+                    for i, x in zip(idx[g], parts[g], strict=True):
+                        out[g][i] = x
+                return out
+
+            return flat, unravel, full
+
+        def contract(ct_ys, dys):
+            """`sum_k <ct, dys_k>` for a batch of tangent states `dys`."""
+            return sum(
+                jnp.tensordot(d, c, axes=c.ndim)
+                for c, d in zip(
+                    jtu.tree_leaves(ct_ys), jtu.tree_leaves(dys), strict=True
+                )
+            )
+
         def fwd(y_p, a_p, v_p):
             ls = [[p.value for p in ps] for ps in (y_p, a_p, v_p)]
-            box["idx"] = [
+            idx = [
                 perturbed_index(vals, [p.perturbed for p in ps])
                 for vals, ps in zip(ls, (y_p, a_p, v_p), strict=True)
             ]
-            out = plain(*ls)
-            return out, ls
+            box["idx"] = idx
+            flat, _, full = split(ls, idx)
+            n_dir = flat.size
+            if not 0 < n_dir <= self.chunk:
+                return plain(*ls), (ls, None)
 
-        def bwd(ls, ct):
+            # Few directions: the primal and every tangent in one pass (the
+            # primal is not batched under the tangents' vmap), the tangent
+            # states kept for the backward pass: one solve, not two.
+            def both(e):
+                out, tan = jax.jvp(lambda p: plain(*full(p)), (flat,), (e,))
+                return out, tan[0]
+
+            eye = jnp.eye(n_dir, dtype=flat.dtype)
+            out, dys = jax.vmap(both, out_axes=(None, 0))(eye)
+            return out, (ls, dys)
+
+        def bwd(res, ct):
+            ls, dys = res
             idx = box["idx"]
             ct_ys = jtu.tree_map(materialize, ct[0])
-            sub = [[ls[g][i] for i in idx[g]] for g in range(3)]
-            flat, unravel = ravel_pytree(sub)
+            flat, unravel, full = split(ls, idx)
             n_dir = flat.size
+            if dys is not None:
+                grads = contract(ct_ys, dys)
+            else:
 
-            def ys_of(p):
-                parts = unravel(p)
-                full = [list(ls[g]) for g in range(3)]
-                for g in range(3):
-                    for i, x in zip(idx[g], parts[g], strict=True):
-                        full[g][i] = x
-                return plain(*full)[0]
+                def directional(e):
+                    _, d = jax.jvp(lambda p: plain(*full(p))[0], (flat,), (e,))
+                    return contract(ct_ys, jtu.tree_map(lambda x: x[None], d))[0]
 
-            def directional(e):
-                _, dys = jax.jvp(ys_of, (flat,), (e,))
-                return sum(
-                    jnp.vdot(c, d)
-                    for c, d in zip(
-                        jtu.tree_leaves(ct_ys), jtu.tree_leaves(dys), strict=True
-                    )
-                )
-
-            chunk = min(self.chunk, max(n_dir, 1))
-            n_chunks = -(-n_dir // chunk)
-            eye = jnp.eye(n_dir, dtype=flat.dtype)
-            pad = jnp.zeros((n_chunks * chunk - n_dir, n_dir), flat.dtype)
-            basis = jnp.concatenate([eye, pad]).reshape(n_chunks, chunk, n_dir)
-            grads = lax.map(jax.vmap(directional), basis).reshape(-1)[:n_dir]
+                chunk = min(self.chunk, max(n_dir, 1))
+                n_chunks = -(-n_dir // chunk)
+                eye = jnp.eye(n_dir, dtype=flat.dtype)
+                pad = jnp.zeros((n_chunks * chunk - n_dir, n_dir), flat.dtype)
+                basis = jnp.concatenate([eye, pad]).reshape(n_chunks, chunk, n_dir)
+                grads = lax.map(jax.vmap(directional), basis).reshape(-1)[:n_dir]
             parts = unravel(grads.astype(flat.dtype))
             out = []
             for g in range(3):
