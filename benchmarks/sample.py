@@ -14,9 +14,9 @@ draws, target acceptance 0.8, tree depth 10), the same solver tolerances
 Laplace approximation, numpyro at the MAP values (`init_to_value`).
 
 `epifit-forward` is epifit with forward sensitivities instead of its
-default checkpoint adjoint (the fit configuration's `adjoint`), the adjoint
-`epifit adjoints` finds fastest for this 3-parameter model; the default
-tools run both.
+default checkpoint adjoint (the fit configuration's `adjoint`): with 3
+parameters one batched solve gives the gradient exactly (of the discrete
+solution, as the checkpoint adjoint's); the default tools run both.
 
 Each tool runs in its own process, chain after chain, and prints a line per
 finished chain, so a peer stopped at its time cap (`--cap`) is reported
@@ -51,8 +51,7 @@ N = 763.0
 TOL = 1e-6
 TOOLS = ("epifit", "epifit-forward", "numpyro-diffrax", "numpyro-odeint")
 # epifit with an adjoint other than its default (the boarding school only):
-# forward sensitivities, what `epifit adjoints` measures fastest for this
-# 3-parameter model
+# forward sensitivities, one batched solve for this model's 3 parameters
 ADJOINT_VARIANTS = {"epifit-forward": "forward"}
 
 
