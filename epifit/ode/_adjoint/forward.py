@@ -32,9 +32,9 @@ class ForwardAdjoint(AbstractAdjoint):
     3 directions: 0.55x the checkpoint adjoint's gradient, measured in
     `benchmarks/README.md`), else about `n_directions / chunk` of them plus
     the primal: the best choice for a handful of parameters (SIR-type fits),
-    the worst for neural sub-models or per-day inputs. For Gauss-Newton and Laplace approximations
-    the full Jacobian of the trajectory comes from [`epifit.ode.jacobian`][],
-    which runs any solve in forward mode.
+    the worst for neural sub-models or per-day inputs. For Gauss-Newton and
+    Laplace approximations the full Jacobian of the trajectory comes from
+    [`epifit.ode.jacobian`][], which runs any solve in forward mode.
 
     Args:
         chunk: the number of tangent directions solved together.
