@@ -316,6 +316,13 @@ def _intervals(post: dict) -> dict:
     return {"ci95": ci, "truth": truth, "truth_in_ci95": f"{len(held)}/{len(ci)}"}
 
 
+def _tools(a, every) -> list[str]:
+    """The tools `--tools` names, or (without it) `every` tool of the case."""
+    if a.tools is None:
+        return list(every)
+    return [t.strip() for t in a.tools.split(",") if t.strip()]
+
+
 def metapop_main(a, ap) -> int:
     """`--problem metapop`: the MAP (calibrate, or `--fit`), then each tool."""
     import tempfile
@@ -334,11 +341,8 @@ def metapop_main(a, ap) -> int:
         else:
             mp.worker_numpyro(a, a.worker.split("-")[1], a.fit)
         return 0
-    tools = [t.strip() for t in a.tools.split(",") if t.strip()]
     known = [t for t in TOOLS if t not in ADJOINT_VARIANTS]
-    if a.tools == ",".join(TOOLS):  # the default: every tool this case has
-        tools = known
-    for t in tools:
+    for t in (tools := _tools(a, known)):
         if t not in known:
             ap.error(f"--tools: unknown tool {t!r} for --problem metapop; "
                      f"expected some of {known}")  # fmt: skip
@@ -389,7 +393,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--cap", type=float, default=900.0, help="seconds per tool")
     ap.add_argument("--peer-cap", type=float, help="seconds per peer (default --cap)")
-    ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--tools", help="comma-separated (default: every tool of "
+                    "the problem; metapop has no epifit-forward)")  # fmt: skip
     ap.add_argument("--worker", choices=TOOLS, help=argparse.SUPPRESS)
     ap.add_argument("--json")
     ap.add_argument("--problem", choices=("boarding", "metapop"), default="boarding")
@@ -424,8 +429,7 @@ def main(argv=None) -> int:
         else:
             worker_numpyro(a, a.worker.split("-")[1])
         return 0
-    tools = [t.strip() for t in a.tools.split(",") if t.strip()]
-    for t in tools:
+    for t in (tools := _tools(a, TOOLS)):
         if t not in TOOLS:
             ap.error(f"--tools: unknown tool {t!r}; expected some of {list(TOOLS)}")
     records = [_run_capped(t, a) for t in tools]

@@ -279,6 +279,18 @@ def _sir_grad(adjoint, *, throw=True, max_steps=4096, rtol=1e-6):
     return jax.block_until_ready(jax.jit(jax.grad(loss))(X_SIR))
 
 
+def test_forward_sensitivities_in_one_pass_equal_the_chunked_ones():
+    """`ForwardAdjoint` with at most `chunk` directions solves the primal and
+    the tangents in its forward pass; with more, its backward pass solves
+    them chunk by chunk: the same gradient, and the checkpoint adjoint's to
+    the solver's tolerance (forward mode also differentiates the step-size
+    control)."""
+    one_pass = _sir_grad(ForwardAdjoint())  # 2 directions, chunk 16
+    chunked = _sir_grad(ForwardAdjoint(chunk=1))
+    np.testing.assert_allclose(one_pass, chunked, rtol=1e-12, atol=0)
+    np.testing.assert_allclose(one_pass, _sir_grad(CheckpointAdjoint()), rtol=1e-5)
+
+
 def test_a_backward_pass_failure_names_the_adjoint_segment_and_cause():
     """The forward solve succeeds; the backward pass cannot (its replay takes
     more steps than the interpolation buffer holds, or its own controller needs

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 from jax.flatten_util import ravel_pytree
 
-from ._common import in_forward_mode, materialize, perturbed_index
+from ._common import in_forward_mode, materialize, merge, perturbed_index
 from .base import AbstractAdjoint
 
 
@@ -68,11 +68,7 @@ class ForwardAdjoint(AbstractAdjoint):
 
             def full(p):
                 parts = unravel(p)
-                out = [list(ls[g]) for g in range(3)]
-                for g in range(3):
-                    for i, x in zip(idx[g], parts[g], strict=True):
-                        out[g][i] = x
-                return out
+                return [merge(ls[g], idx[g], parts[g]) for g in range(3)]
 
             return flat, unravel, full
 
@@ -116,26 +112,21 @@ class ForwardAdjoint(AbstractAdjoint):
             n_dir = flat.size
             if dys is not None:
                 grads = contract(ct_ys, dys)
-            else:
+            else:  # chunk by chunk, the primal again with each
 
-                def directional(e):
-                    _, d = jax.jvp(lambda p: plain(*full(p))[0], (flat,), (e,))
-                    return contract(ct_ys, jtu.tree_map(lambda x: x[None], d))[0]
+                def tangent(e):
+                    return jax.jvp(lambda p: plain(*full(p))[0], (flat,), (e,))[1]
 
                 chunk = min(self.chunk, max(n_dir, 1))
                 n_chunks = -(-n_dir // chunk)
                 eye = jnp.eye(n_dir, dtype=flat.dtype)
                 pad = jnp.zeros((n_chunks * chunk - n_dir, n_dir), flat.dtype)
                 basis = jnp.concatenate([eye, pad]).reshape(n_chunks, chunk, n_dir)
-                grads = lax.map(jax.vmap(directional), basis).reshape(-1)[:n_dir]
+                grads = lax.map(
+                    lambda es: contract(ct_ys, jax.vmap(tangent)(es)), basis
+                ).reshape(-1)[:n_dir]
             parts = unravel(grads.astype(flat.dtype))
-            out = []
-            for g in range(3):
-                leaves = [None] * len(ls[g])
-                for i, x in zip(idx[g], parts[g], strict=True):
-                    leaves[i] = x
-                out.append(leaves)
-            return tuple(out)
+            return tuple(merge([None] * len(ls[g]), idx[g], parts[g]) for g in range(3))
 
         run.defvjp(fwd, bwd, symbolic_zeros=True)
         return run(y0_l, a_l, v_l)
