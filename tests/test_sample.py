@@ -242,15 +242,15 @@ def test_chains_give_the_same_draws_whatever_runs_or_resumes_them(
 
     def interrupted(self, *a, **k):
         real(self, *a, **k)
-        chunk = self.chunk
+        steps = self.steps
 
         def stop(*args):
             calls["n"] += 1
-            if calls["n"] == 4:  # chain 1, its second chunk
+            if calls["n"] == 8:  # chain 1, its fourth chunk (its second of draws)
                 raise KeyboardInterrupt
-            return chunk(*args)
+            return steps(*args)
 
-        self.chunk = stop
+        self.steps = stop
 
     monkeypatch.setattr(_nuts.Programs, "__init__", interrupted)
     with pytest.raises(KeyboardInterrupt):

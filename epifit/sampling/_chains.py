@@ -17,13 +17,10 @@ import numpy as np
 from epifit._workers import cpu_cores
 from epifit.sampling._nuts import (
     Programs,
+    advanced,
     chain_result,
-    draw_keys,
-    extended,
-    new_snapshot,
     run_chain,
-    total_draws,
-    warmup_key,
+    transitions,
 )
 
 __all__ = ["CHAIN_METHODS", "resolve_chain_method", "run_sequential", "run_vectorized"]
@@ -86,45 +83,35 @@ def _stack(trees):
 
 
 def run_vectorized(programs: Programs, starts, imm0, data, store, bar) -> list[dict]:
-    """Every chain in one vmapped program: the warm-ups of the chains not yet
-    warmed up, then chunk after chunk of the chains furthest behind (all of
-    them, unless a checkpoint left them at different draws), saved by `store`
-    after each. Every chain reports the same `warmup_s` and `draws_s`."""
+    """Every chain in one vmapped program: chunk after chunk of the chains
+    furthest behind (all of them, unless a checkpoint left them apart),
+    saved by `store` after each chunk past their warm-up. Every chain reports
+    the same `warmup_s` and `draws_s`."""
     s = programs.settings
-    t0 = time.perf_counter()
+    t0 = t1 = time.perf_counter()
     snaps = {c: store.load(c) for c in range(s.chains)}
-    fresh = [c for c in range(s.chains) if snaps[c] is None]
-    if fresh:
-        x0 = jnp.asarray(np.asarray(starts)[fresh])
-        if s.warmup:
-            keys = jnp.stack([warmup_key(s.seed, c) for c in fresh])
-            state, step, imm = programs.warm_chains(keys, x0, imm0, data)
-        else:
-            state = programs.init_chains(x0, data)
-            step = jnp.ones(len(fresh), x0.dtype)
-            imm = jnp.broadcast_to(imm0, (len(fresh), *jnp.shape(imm0)))
-        jax.block_until_ready(state)
-        for i, c in enumerate(fresh):
-            snaps[c] = new_snapshot(c, _row(state, i), step[i], imm[i])
-            bar(c, 0)
-        store.save(*(snaps[c] for c in fresh))
-    t1 = time.perf_counter()
-    while behind := [c for c in snaps if snaps[c]["done"] < total_draws(s)]:
-        done = min(snaps[c]["done"] for c in behind)
-        group = [c for c in behind if snaps[c]["done"] == done]
-        state, (pos, stats) = programs.chunk_chains(
-            _stack([snaps[c]["state"] for c in group]),
-            jnp.stack([draw_keys(s.seed, c, done, s.chunk) for c in group]),
-            jnp.stack([snaps[c]["step_size"] for c in group]),
-            jnp.stack([snaps[c]["inverse_mass_matrix"] for c in group]),
-            data,
-        )
-        pos, stats = np.asarray(pos), [np.asarray(v) for v in stats]
+    carries = {
+        c: programs.fresh(starts[c], imm0) if snap is None else programs.resumed(snap)
+        for c, snap in snaps.items()
+    }
+    at = {c: 0 if v is None else s.warmup + v["done"] for c, v in snaps.items()}
+    while behind := [c for c in at if at[c] < transitions(s)]:
+        start = min(at[c] for c in behind)
+        group = [c for c in behind if at[c] == start]
+        chains = np.asarray(group, np.int32)
+        stacked = _stack([carries[c] for c in group])
+        carry, out = programs.steps_chains(stacked, chains, start, data)
+        out = jax.tree.map(np.asarray, out)
         for i, c in enumerate(group):
-            snaps[c] = extended(
-                snaps[c], _row(state, i), pos[i], [v[i] for v in stats], s.chunk
-            )
+            carries[c] = _row(carry, i)
+            new = advanced(snaps[c], c, carries[c], start, _row(out, i), s)
+            at[c] = start + s.chunk
+            if new is not None and snaps[c] is None:
+                t1 = time.perf_counter()
+            snaps[c] = new if new is not None else snaps[c]
+        done = [c for c in group if snaps[c] is not None]
+        for c in done:
             bar(c, snaps[c]["done"])
-        store.save(*(snaps[c] for c in group))
+        store.save(*(snaps[c] for c in done))
     t2 = time.perf_counter()
     return [chain_result(snaps[c], s, t1 - t0, t2 - t1) for c in range(s.chains)]

@@ -1,12 +1,14 @@
-"""NUTS chains (blackjax): window adaptation, then draws in compiled chunks,
-checkpointed between chunks.
+"""NUTS chains (blackjax): window adaptation, then draws, in compiled chunks
+of transitions, checkpointed between chunks once the warm-up is done.
 
-Every chain runs the same two compiled programs: the warm-up (blackjax's
-window adaptation of the step size and the mass matrix, one `lax.scan`) and a
-chunk of `chunk` draws (a `lax.scan` of NUTS transitions). The data are
-traced arguments, so a chain, a chunk and a resumed run reuse them. The key
-of draw `i` of chain `c` is `fold_in(fold_in(key(seed), c), i)`: the draws do
-not depend on the chunking, and a resumed run gives the same numbers.
+Every chain runs the same compiled program: a chunk of `chunk` NUTS
+transitions (a `lax.scan`), each a warm-up transition followed by its update
+of the step size and mass matrix (Stan's window adaptation, `_adapt.py`) or a
+draw. The data are traced arguments, so a chain, a chunk and a resumed run
+reuse it. The key of draw `i` of chain `c` is `fold_in(fold_in(key(seed), c),
+i)` and a warm-up transition's key and adaptation depend on its index alone:
+the draws do not depend on the chunking, and a resumed run gives the same
+numbers.
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import blackjax
 import jax
 import jax.numpy as jnp
 import numpy as np
+from blackjax.mcmc.hmc import HMCState
 
 from epifit._jit import jit
+from epifit.sampling._adapt import DRAW, INITIAL_STEP_SIZE, codes, engine
 
 __all__ = ["NutsSettings", "Programs", "STATS", "run_chain", "start_points"]
 
@@ -136,38 +140,54 @@ def initial_inverse_mass(covariance, n: int, settings: NutsSettings):
 
 
 class Programs:
-    """The two compiled programs of a chain, over a log density
-    `logdensity(x, data)`: `warm` (or `init` without a warm-up) and `chunk`;
-    `warm_chains`, `init_chains` and `chunk_chains` are the same vmapped over
-    a leading chain axis."""
+    """The one compiled program of a run, over a log density
+    `logdensity(x, data)`: `steps(carry, chain, start, data)` runs chain
+    `chain`'s transitions `start .. start + chunk - 1`, the warm-up's
+    (window adaptation, `_adapt.py`) and the draws' alike, and returns the
+    carry and every transition's position and `STATS`; `steps_chains` is the
+    same vmapped over the carries and chains (`start` shared). At `start` 0
+    the carry's position is the start and its inverse mass matrix the first
+    one (`fresh`); the program evaluates the density there and begins the
+    adaptation. One program, so NUTS and the gradient are compiled once: the
+    warm-up as its own `lax.scan` (blackjax's `window_adaptation`) and a
+    chunk of draws were two programs, each compiling both (boarding school:
+    2.97 + 2.25 s of lowering and compiling, against 1.5 s for one
+    `value_and_grad`)."""
 
     def __init__(self, logdensity: Callable, settings: NutsSettings):
-        self.settings = settings
-        depth = settings.max_tree_depth
+        self.settings = s = settings
+        kernel = blackjax.nuts.build_kernel()
+        adapt_init, adapt_update = engine(s.diagonal, s.target_accept)
+        schedule = codes(s.warmup)
+        depth = s.max_tree_depth
 
-        def warm(key, x0, imm0, data):
-            adapt = blackjax.window_adaptation(
-                blackjax.nuts,
-                lambda x: logdensity(x, data),
-                is_mass_matrix_diagonal=settings.diagonal,
-                initial_inverse_mass_matrix=imm0,
-                target_acceptance_rate=settings.target_accept,
-                max_num_doublings=depth,
-                adaptation_info_fn=_no_info,
-            )
-            (state, params), _ = adapt.run(key, x0, num_steps=settings.warmup)
-            return state, params["step_size"], params["inverse_mass_matrix"]
+        def steps(carry, chain, start, data):
+            def logp(x):
+                return logdensity(x, data)
 
-        def chunk(state, keys, step_size, imm, data):
-            kernel = blackjax.nuts(
-                lambda x: logdensity(x, data),
-                step_size,
-                imm,
-                max_num_doublings=depth,
-            )
+            def begin(carry):
+                state, _, _, imm0 = carry
+                new = blackjax.nuts.init(state.position, logp)
+                size = jnp.asarray(INITIAL_STEP_SIZE, carry[2].dtype)
+                return _like((new, adapt_init(state.position, imm0), size, imm0), carry)
 
-            def one(state, key):
-                state, info = kernel.step(key, state)
+            carry = jax.lax.cond(start == 0, begin, lambda c: c, carry)
+            index = start + jnp.arange(s.chunk)
+            keys = transition_keys(s.seed, chain, index, s.warmup)
+            code = jnp.asarray(np.append(schedule, DRAW).astype(np.int32))[
+                jnp.minimum(index, s.warmup)
+            ]
+
+            def one(carry, xs):
+                key, code = xs
+                state, _, size, imm = carry
+                state, info = kernel(key, state, logp, size, imm, depth)
+
+                def adapting(params):
+                    rate = info.acceptance_rate
+                    return adapt_update(params[0], code, state.position, rate)
+
+                params = jax.lax.cond(code == DRAW, lambda p: p, adapting, carry[1:])
                 stats = (
                     state.logdensity,
                     info.is_divergent,
@@ -176,41 +196,59 @@ class Programs:
                     info.energy,
                     info.acceptance_rate,
                 )
-                return state, (state.position, stats)
+                return _like((state, *params), carry), (state.position, stats)
 
-            return jax.lax.scan(one, state, keys)
+            return jax.lax.scan(one, carry, (keys, code))
 
-        def init(x0, data):
-            return blackjax.nuts.init(x0, lambda x: logdensity(x, data))
-
-        self.warm = jit(warm)
-        self.chunk = jit(chunk)
-        self.init = jit(init)
-        # every chain in one program (chain_method="vectorized"): the same
-        # functions vmapped over the chains, the data shared; compiled on
+        self.steps = jit(steps)
+        # every chain in one program (chain_method="vectorized"): compiled on
         # first use only
-        self.warm_chains = jit(jax.vmap(warm, in_axes=(0, 0, None, None)))
-        self.chunk_chains = jit(jax.vmap(chunk, in_axes=(0, 0, 0, 0, None)))
-        self.init_chains = jit(jax.vmap(init, in_axes=(0, None)))
+        self.steps_chains = jit(jax.vmap(steps, in_axes=(0, 0, None, None)))
+        self._adapt_init = adapt_init
+
+    def fresh(self, x0, imm0):
+        """The carry of a chain not begun: its start `x0` and the first
+        inverse mass matrix `imm0` (the rest is filled in by the program)."""
+        x0 = np.asarray(x0)
+        imm0 = np.asarray(imm0, x0.dtype)
+        template = jax.eval_shape(self._adapt_init, x0, imm0)
+        adapt = jax.tree.map(lambda v: np.zeros(v.shape, v.dtype), template)
+        zero = np.zeros((), x0.dtype)
+        state = HMCState(x0, zero, np.zeros_like(x0))
+        return jax.device_put((state, adapt, zero, imm0))
+
+    def resumed(self, snap: dict):
+        """The carry of a chain after its warm-up, from its snapshot."""
+        state = snap["state"]
+        x = np.asarray(state.position)
+        carry = self.fresh(x, np.asarray(snap["inverse_mass_matrix"], x.dtype))
+        size = np.asarray(snap["step_size"], x.dtype)
+        return (jax.device_put(HMCState(*(np.asarray(v) for v in state))), carry[1],
+                jax.device_put(size), carry[3])  # fmt: skip
 
 
-def _no_info(state, info, adaptation_state):
-    return None
+def _like(tree, ref):
+    """`tree` cast leaf by leaf to the dtypes of `ref` (a program's carry
+    keeps its types)."""
+    return jax.tree.map(
+        lambda v, r: jax.lax.convert_element_type(v, r.dtype), tree, ref
+    )
 
 
-def draw_keys(seed: int, chain: int, start: int, count: int):
-    """The keys of draws `start .. start + count - 1` of chain `chain`."""
+def transition_keys(seed: int, chain, index, warmup: int):
+    """The keys of transitions `index` of chain `chain`: warm-up transition
+    `i` takes the `i`-th of `warmup` keys split from the warm-up's key (as
+    blackjax's window adaptation would), draw `j = i - warmup` the key
+    `fold_in(fold_in(key(seed), chain), j)`."""
     base = jax.random.fold_in(jax.random.key(seed), chain)
-    return jax.vmap(lambda i: jax.random.fold_in(base, i))(
-        jnp.arange(start, start + count)
-    )
-
-
-def warmup_key(seed: int, chain: int):
-    """The key of chain `chain`'s warm-up (apart from its draws' keys)."""
-    return jax.random.fold_in(
-        jax.random.fold_in(jax.random.key(seed), chain), WARMUP_STREAM
-    )
+    draws = jax.vmap(lambda i: jax.random.fold_in(base, i))(index - warmup)
+    if warmup == 0:
+        return draws
+    split = jax.random.split(jax.random.fold_in(base, WARMUP_STREAM), warmup)
+    warm = split[jnp.minimum(index, warmup - 1)]
+    data = jnp.where((index < warmup)[:, None], jax.random.key_data(warm),
+                     jax.random.key_data(draws))  # fmt: skip
+    return jax.random.wrap_key_data(data)
 
 
 def new_snapshot(chain: int, state, step_size, inverse_mass_matrix) -> dict:
@@ -254,9 +292,31 @@ def chain_result(snap: dict, settings: NutsSettings, warmup_s, draws_s) -> dict:
     }
 
 
+def transitions(settings: NutsSettings) -> int:
+    """The transitions run: the warm-up and `draws`, rounded up to whole
+    chunks."""
+    whole = settings.warmup + settings.draws
+    return math.ceil(whole / settings.chunk) * settings.chunk
+
+
 def total_draws(settings: NutsSettings) -> int:
-    """The draws run: `draws` rounded up to whole chunks."""
-    return math.ceil(settings.draws / settings.chunk) * settings.chunk
+    """The draws run (at least `draws`)."""
+    return transitions(settings) - settings.warmup
+
+
+def advanced(snap: dict | None, chain: int, carry, start: int, out, s: NutsSettings):
+    """Chain `chain`'s snapshot after its transitions `start .. start + chunk
+    - 1` ran (`carry`, `out`: the program's results), None while it is still
+    in its warm-up; `snap`: its snapshot before (None: none yet)."""
+    if start + s.chunk < s.warmup:
+        return None
+    state, _, size, imm = carry
+    if snap is None:
+        snap = new_snapshot(chain, state, size, imm)
+    skip = max(s.warmup - start, 0)
+    pos, stats = out
+    return extended(snap, state, np.asarray(pos)[skip:],
+                    [np.asarray(v)[skip:] for v in stats], s.chunk - skip)  # fmt: skip
 
 
 def run_chain(
@@ -269,34 +329,29 @@ def run_chain(
     resume: dict | None = None,
     on_chunk: Callable[[dict], None] | None = None,
 ) -> dict:
-    """Chain `chain` from `x0`: warm-up (unless `resume` holds its result),
-    then the draws chunk by chunk; `on_chunk(snapshot)` after each chunk (and
-    after the warm-up) with the chain's state so far (what a checkpoint
-    saves). Returns `positions (draw, n)`, the `STATS` `(draw,)`, `step_size`,
-    `inverse_mass_matrix` and the wall times `warmup_s`, `draws_s`."""
+    """Chain `chain` from `x0` (first inverse mass matrix `imm0`), or from
+    the snapshot `resume` after its warm-up: chunk after chunk of
+    transitions; `on_chunk(snapshot)` after each chunk that ends past the
+    warm-up, with the chain's state so far (what a checkpoint saves).
+    Returns `positions (draw, n)`, the `STATS` `(draw,)`, `step_size`,
+    `inverse_mass_matrix` and the wall times `warmup_s` (to the end of the
+    chunk that ends the warm-up: the first chain's includes the compile) and
+    `draws_s`."""
     s = programs.settings
-    t0 = time.perf_counter()
+    t0 = t1 = time.perf_counter()
     if resume is None:
-        if s.warmup:
-            key = warmup_key(s.seed, chain)
-            state, step, imm = programs.warm(key, jnp.asarray(x0), imm0, data)
-        else:
-            state, step, imm = programs.init(jnp.asarray(x0), data), 1.0, imm0
-            step = jnp.asarray(step, jnp.asarray(x0).dtype)
-        snap = new_snapshot(chain, state, step, imm)
-        if on_chunk is not None:
-            on_chunk(snap)
-        jax.block_until_ready(state)
+        carry, start, snap = programs.fresh(x0, imm0), 0, None
     else:
-        snap = resume
-    t1 = time.perf_counter()
-    while snap["done"] < total_draws(s):
-        keys = draw_keys(s.seed, chain, snap["done"], s.chunk)
-        state, (pos, stats) = programs.chunk(
-            snap["state"], keys, snap["step_size"], snap["inverse_mass_matrix"], data
-        )
-        snap = extended(snap, state, pos, stats, s.chunk)
+        carry, start, snap = programs.resumed(resume), s.warmup + resume["done"], resume
+    while start < transitions(s):
+        carry, out = programs.steps(carry, chain, start, data)
+        new = advanced(snap, chain, carry, start, out, s)
+        start += s.chunk
+        if new is None:
+            continue
+        if snap is None:
+            t1 = time.perf_counter()
+        snap = new
         if on_chunk is not None:
             on_chunk(snap)
-    # the first chain's warm-up includes the compiles
     return chain_result(snap, s, t1 - t0, time.perf_counter() - t1)

@@ -61,8 +61,9 @@ def sample(
     log-likelihood plus the fit configuration's log-priors), on the
     unconstrained free vector, plus the log-Jacobian of each prior'd
     parameter's transform (a prior is a density of the constrained value).
-    Each chain adapts its step size and mass matrix by blackjax's window
-    adaptation (`warmup` iterations, Stan's schedule), then draws `draws`
+    Each chain adapts its step size and mass matrix by Stan's window
+    adaptation (`warmup` iterations; blackjax's dual averaging and Welford
+    windows, in the same compiled program as the draws), then draws `draws`
     samples. Chains start from draws of the Laplace approximation at the MAP
     (which `init`, a `FitResult` or `FIT.nc`, gives; else `calibrate` finds
     it first), a draw where the log density is not finite pulled towards the
