@@ -224,18 +224,26 @@ def test_chains_give_the_same_draws_whatever_runs_or_resumes_them(
     decay, tmp_path, monkeypatch
 ):
     """Chain c's draws depend on the seed, c and the draw's index alone: three
-    sequential chains interrupted in chain 1 and resumed in two worker
-    processes equal the uninterrupted run bit for bit; resumed vectorized
-    (chain 2's warm-up, then the chains behind, vmapped), to the rounding of
-    the vmapped adaptation; the checkpoint of another run is refused."""
+    chains in two threads (the default on a CPU of two cores) equal them one
+    after another; interrupted in chain 1 and resumed in two worker
+    processes, or in two threads, they equal the uninterrupted run bit for
+    bit; resumed vectorized (chain 2's warm-up, then the chains behind,
+    vmapped), to the rounding of the vmapped adaptation; the checkpoint of
+    another run is refused."""
     import shutil
 
+    from epifit._workers import cpu_cores
     from epifit.sampling import _nuts
 
     fit, _, _ = decay
     kw = dict(init=fit, chains=3, warmup=20, draws=20, chunk=10, progress=False)
-    whole = epifit.sample(**kw)
-    assert whole.data.posterior.attrs["chain_method"] == "sequential"  # on CPU
+    whole = epifit.sample(**kw, chain_method="sequential")
+    threaded = epifit.sample(**kw)
+    default = "threads" if cpu_cores() > 1 else "sequential"
+    assert threaded.data.posterior.attrs["chain_method"] == default
+    for group in ("posterior", "sample_stats"):
+        xr.testing.assert_identical(threaded.data[group].drop_attrs(),
+                                    whole.data[group].drop_attrs())  # fmt: skip
     ckpt = tmp_path / "chains.npz"
     real = _nuts.Programs.__init__
     calls = {"n": 0}
@@ -254,9 +262,10 @@ def test_chains_give_the_same_draws_whatever_runs_or_resumes_them(
 
     monkeypatch.setattr(_nuts.Programs, "__init__", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        epifit.sample(**kw, checkpoint=ckpt)
+        epifit.sample(**kw, checkpoint=ckpt, chain_method="sequential")
     monkeypatch.setattr(_nuts.Programs, "__init__", real)
     copy = shutil.copy(ckpt, tmp_path / "copy.npz")
+    again = shutil.copy(ckpt, tmp_path / "again.npz")
     x = whole.data.posterior["x"].values
     depth = whole.data.sample_stats["tree_depth"].values
     # in processes: chains 0 (complete) and 2 (not begun) in one, 1 in the other
@@ -265,6 +274,9 @@ def test_chains_give_the_same_draws_whatever_runs_or_resumes_them(
                                workers=2)  # fmt: skip
     np.testing.assert_array_equal(by_workers.data.posterior["x"].values, x)
     assert by_workers.data.posterior.attrs["workers"] == "2"
+    by_threads = epifit.sample(**kw, checkpoint=again, resume=True,
+                               chain_method="threads", workers=2)  # fmt: skip
+    np.testing.assert_array_equal(by_threads.data.posterior["x"].values, x)
     vmapped = epifit.sample(**kw, checkpoint=copy, resume=True,
                             chain_method="vectorized")  # fmt: skip
     xv = vmapped.data.posterior["x"].values
@@ -285,8 +297,11 @@ def test_chains_give_the_same_draws_whatever_runs_or_resumes_them(
         ({"mass_matrix": "full"}, "mass_matrix must be one of"),
         ({"target_accept": 1.0}, "target_accept must lie in"),
         ({"resume": True}, "resume=True needs a checkpoint file"),
-        ({"chain_method": "threads"}, "chain_method must be one of"),
-        ({"workers": 2}, "workers is for chain_method='processes'"),
+        ({"chain_method": "fibers"}, "chain_method must be one of"),
+        (
+            {"chain_method": "sequential", "workers": 2},
+            "workers is for chain_method='threads' or 'processes'",
+        ),
         ({"chain_method": "processes", "workers": 0}, "workers must be an int >= 1"),
         ({"values": {}}, "give init .* or values, not both"),
     ],
@@ -353,8 +368,11 @@ def test_cli_samples_and_writes_arviz_netcdf(decay_files, tmp_path, capsys):
         ([], "needs a model and --data, or --init"),
         (["--resume"], "--resume needs --checkpoint"),
         (["--target-accept", "1.5"], "--target-accept must lie in"),
-        (["--chain-method", "threads"], "--chain-method invalid choice"),
-        (["--workers", "2"], "--workers needs --chain-method processes"),
+        (["--chain-method", "fibers"], "--chain-method invalid choice"),
+        (
+            ["--chain-method", "vectorized", "--workers", "2"],
+            "--workers needs --chain-method threads or processes",
+        ),
     ],
 )
 def test_cli_bad_flags_are_one_line(decay_files, tmp_path, capsys, extra, message):

@@ -48,14 +48,16 @@ def _add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--chain-method",
-        choices=("sequential", "vectorized", "processes"),
-        help="how the chains run: one after another, vmapped in one program, or "
-        "in worker processes (default: vectorized on a GPU or TPU, else sequential)",
+        choices=("sequential", "threads", "vectorized", "processes"),
+        help="how the chains run: one after another, in threads of this process, "
+        "vmapped in one program, or in worker processes (default: vectorized on a "
+        "GPU or TPU, else threads on more than one core, else sequential)",
     )
     p.add_argument(
         "--workers",
         type=_flags.count,
-        help="worker processes for --chain-method processes (default: one per core)",
+        help="chains at once for --chain-method threads or processes (default: one "
+        "per core)",
     )
     p.add_argument(
         "--checkpoint", help="save the chains here after every chunk of draws"
@@ -74,8 +76,8 @@ def _run(a) -> int:
         raise ValueError("sample needs a model and --data, or --init FIT.nc")
     if a.resume and not a.checkpoint:
         raise ValueError("--resume needs --checkpoint FILE")
-    if a.workers is not None and a.chain_method != "processes":
-        raise ValueError("--workers needs --chain-method processes")
+    if a.workers is not None and a.chain_method in ("sequential", "vectorized"):
+        raise ValueError("--workers needs --chain-method threads or processes")
     if not 0.0 < a.target_accept < 1.0:
         raise ValueError(f"--target-accept must lie in (0, 1); got {a.target_accept}")
     model = existing_file(a.model, "Model") if a.model else None

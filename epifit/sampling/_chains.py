@@ -1,5 +1,6 @@
-"""How the chains run (`chain_method`): one after another, vmapped in one
-program, or in spawned worker processes (`_processes.py`).
+"""How the chains run (`chain_method`): one after another, in threads of
+this process, vmapped in one program, or in spawned worker processes
+(`_processes.py`).
 
 Whatever the method, chain `c` runs the same transitions from the same keys
 (`_nuts.py`), so its draws do not depend on the method (to float64 rounding:
@@ -8,7 +9,9 @@ see README.md), and a checkpoint written by one method resumes under another.
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import jax
 import jax.numpy as jnp
@@ -20,37 +23,49 @@ from epifit.sampling._nuts import (
     advanced,
     chain_result,
     run_chain,
+    total_draws,
     transitions,
 )
 
-__all__ = ["CHAIN_METHODS", "resolve_chain_method", "run_sequential", "run_vectorized"]
+__all__ = [
+    "CHAIN_METHODS",
+    "resolve_chain_method",
+    "run_sequential",
+    "run_threads",
+    "run_vectorized",
+]
 
-CHAIN_METHODS = ("sequential", "vectorized", "processes")
+CHAIN_METHODS = ("sequential", "threads", "vectorized", "processes")
+POOLED = ("threads", "processes")  # the methods that take `workers`
 
 
 def resolve_chain_method(
     method: str | None, workers: int | None, chains: int
 ) -> tuple[str, int]:
-    """The method (None: `vectorized` on a GPU or TPU backend, `sequential`
-    on CPU) and the number of worker processes (`processes` only; default one
-    per core, at most one per chain).
+    """The method (None: `vectorized` on a GPU or TPU backend; on CPU
+    `threads` with more than one core and chain, else `sequential`) and the
+    number of workers (threads or processes; default one per core, at most
+    one per chain; 1 for the other methods).
 
     Raises:
-        ValueError: an unknown method; `workers` without `processes`, or not
-            a positive int.
+        ValueError: an unknown method; `workers` without `threads` or
+            `processes`, or not a positive int.
     """
     if method is None:
-        method = "sequential" if jax.default_backend() == "cpu" else "vectorized"
+        several = cpu_cores() > 1 and chains > 1
+        method = "threads" if several else "sequential"
+        method = method if jax.default_backend() == "cpu" else "vectorized"
     if method not in CHAIN_METHODS:
         raise ValueError(f"chain_method must be one of {CHAIN_METHODS}; got {method!r}")
     if workers is not None:
-        if method != "processes":
+        if method not in POOLED:
             raise ValueError(
-                f"workers is for chain_method='processes'; got chain_method={method!r}"
+                "workers is for chain_method='threads' or 'processes'; got "
+                f"chain_method={method!r}"
             )
         if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
             raise ValueError(f"workers must be an int >= 1; got {workers!r}")
-    if method != "processes":
+    if method not in POOLED:
         return method, 1
     return method, min(chains, workers if workers is not None else cpu_cores())
 
@@ -71,6 +86,56 @@ def run_sequential(programs: Programs, starts, imm0, data, store, bar) -> list[d
                 programs, c, starts[c], imm0, data, resume=resume, on_chunk=on_chunk
             )  # fmt: skip
         )
+    return results
+
+
+class _Stopped(Exception):
+    """Another chain's thread failed or was interrupted: stop this one."""
+
+
+def run_threads(
+    programs: Programs, starts, imm0, data, store, bar, workers: int
+) -> list[dict]:
+    """Every chain as `run_sequential` runs it (the same draws, bit for
+    bit), `workers` chains at a time in threads of this process: XLA runs a
+    compiled program without Python's lock, so on a CPU two threads keep two
+    cores busy with a program that mostly runs on one (loops of small
+    operations). The program is compiled first, by a chunk of a chain's
+    transitions whose result is dropped, so that no two threads compile it;
+    that time is counted in the first chain's `warmup_s`. A failure or an
+    interruption stops every chain at its next chunk (what was saved stays
+    saved)."""
+    s = programs.settings
+    t0 = time.perf_counter()
+    resumes = {c: store.load(c) for c in range(s.chains)}
+    todo = [c for c, r in resumes.items() if r is None or r["done"] < total_draws(s)]
+    if todo:  # compile once, here
+        c = todo[0]
+        first = programs.steps(programs.fresh(starts[c], imm0), c, 0, data)
+        jax.block_until_ready(first)
+    compile_s = time.perf_counter() - t0
+    lock, stop = threading.Lock(), threading.Event()
+
+    def chain(c: int) -> dict:
+        def on_chunk(snap):
+            if stop.is_set():
+                raise _Stopped
+            with lock:
+                store.save(snap)
+                bar(c, snap["done"])
+
+        return run_chain(programs, c, starts[c], imm0, data, resume=resumes[c],
+                         on_chunk=on_chunk)  # fmt: skip
+
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="epifit-chain")
+    try:
+        results = [f.result() for f in [pool.submit(chain, c) for c in range(s.chains)]]
+    except BaseException:
+        stop.set()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    results[0]["warmup_s"] += compile_s
     return results
 
 

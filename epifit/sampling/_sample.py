@@ -15,6 +15,7 @@ from epifit.fitting import FitResult, calibrate, fit_config, resolve_fit
 from epifit.sampling._chains import (
     resolve_chain_method,
     run_sequential,
+    run_threads,
     run_vectorized,
 )
 from epifit.sampling._checkpoint import chain_checkpoint
@@ -90,12 +91,15 @@ def sample(
         max_tree_depth: NUTS' maximum number of trajectory doublings.
         chunk: draws per compiled call (a checkpoint and a progress step each).
         chain_method: `sequential` (one after another, in this process),
-            `vectorized` (every chain in one vmapped program, in lockstep;
-            the default on a GPU or TPU, else `sequential`) or `processes`
-            (spawned single-threaded CPU workers, each compiling its own
-            programs).
-        workers: with `processes`, the number of worker processes (default
-            one per core; never more than `chains`).
+            `threads` (`workers` chains at a time in threads of this
+            process, one compiled program: the default on a CPU with more
+            than one core), `vectorized` (every chain in one vmapped
+            program, in lockstep; the default on a GPU or TPU) or
+            `processes` (spawned single-threaded CPU workers, each compiling
+            its own program). `sequential`, `threads` and `processes` give
+            the same draws bit for bit.
+        workers: with `threads` or `processes`, how many chains run at once
+            (default one per core; never more than `chains`).
         checkpoint: a file the chains are saved to atomically after the
             warm-up and every chunk; `resume=True` continues from it.
         progress: a progress bar per chain on stderr.
@@ -196,9 +200,12 @@ def _run_chains(method, workers, density, settings, starts, imm0, store, bar):
     """The chains' results by `method` (see `_chains.py`)."""
     if method == "processes":
         return run_processes(density, settings, starts, imm0, store, bar, workers)
-    run = run_sequential if method == "sequential" else run_vectorized
     data = density.objective.data()
-    return run(Programs(density, settings), starts, imm0, data, store, bar)
+    programs = Programs(density, settings)
+    if method == "threads":
+        return run_threads(programs, starts, imm0, data, store, bar, workers)
+    run = run_sequential if method == "sequential" else run_vectorized
+    return run(programs, starts, imm0, data, store, bar)
 
 
 def _timing(results, sampling_s: float, wall_s: float) -> dict:
@@ -212,7 +219,7 @@ def _timing(results, sampling_s: float, wall_s: float) -> dict:
 
 def _method_attrs(method: str, workers: int) -> dict:
     return {"chain_method": method} | (
-        {"workers": workers} if method == "processes" else {}
+        {"workers": workers} if method in ("threads", "processes") else {}
     )
 
 
