@@ -134,16 +134,26 @@ def check_moments(y, mean, var):
     assert abs(s2 - var) < Z * se_var
 
 
-def test_poisson_moments():
-    y = sample_noise(observation_key(0, 0), "poisson", np.full(N_DRAWS, 7.5))
+# a JAX key (simulate, forecasts) or a NumPy generator (a posterior's
+# predictive draws): the same families either way
+KEYS = {
+    "jax": observation_key,
+    "numpy": lambda seed, index: np.random.default_rng([seed, index]),
+}
+
+
+@pytest.mark.parametrize("key", KEYS.values(), ids=KEYS.keys())
+def test_poisson_moments(key):
+    y = sample_noise(key(0, 0), "poisson", np.full(N_DRAWS, 7.5))
     assert y.dtype == np.float64 and np.array_equal(y, np.round(y))
     check_moments(y, 7.5, 7.5)
 
 
-def test_negative_binomial_moments():
+@pytest.mark.parametrize("key", KEYS.values(), ids=KEYS.keys())
+def test_negative_binomial_moments(key):
     mean, phi = 20.0, 3.0
     y = sample_noise(
-        observation_key(0, 1),
+        key(0, 1),
         "negative_binomial",
         np.full(N_DRAWS, mean),
         dispersion=phi,
@@ -152,13 +162,14 @@ def test_negative_binomial_moments():
     check_moments(y, mean, mean + mean**2 / phi)
 
 
-def test_gaussian_moments_and_per_patch_sd():
+@pytest.mark.parametrize("key", KEYS.values(), ids=KEYS.keys())
+def test_gaussian_moments_and_per_patch_sd(key):
     # mean 25 sd from 0: the clip at 0 never acts
-    y = sample_noise(observation_key(0, 2), "gaussian", np.full(N_DRAWS, 100.0), sd=4.0)
+    y = sample_noise(key(0, 2), "gaussian", np.full(N_DRAWS, 100.0), sd=4.0)
     check_moments(y, 100.0, 16.0)
     # a (patch,) sd broadcasts over (stamp, patch)
     y = sample_noise(
-        observation_key(0, 3),
+        key(0, 3),
         "gaussian",
         np.full((N_DRAWS, 2), 100.0),
         sd=np.array([1.0, 3.0]),
@@ -167,14 +178,15 @@ def test_gaussian_moments_and_per_patch_sd():
     check_moments(y[:, 0], 100.0, 1.0)
 
 
-def test_draws_are_reproducible_by_seed_and_clip_at_zero():
+@pytest.mark.parametrize("key", KEYS.values(), ids=KEYS.keys())
+def test_draws_are_reproducible_by_seed_and_clip_at_zero(key):
     mean = np.linspace(0.0, 50.0, 100)
-    a = sample_noise(observation_key(7, 0), "poisson", mean)
-    assert np.array_equal(a, sample_noise(observation_key(7, 0), "poisson", mean))
-    assert not np.array_equal(a, sample_noise(observation_key(8, 0), "poisson", mean))
-    assert not np.array_equal(a, sample_noise(observation_key(7, 1), "poisson", mean))
+    a = sample_noise(key(7, 0), "poisson", mean)
+    assert np.array_equal(a, sample_noise(key(7, 0), "poisson", mean))
+    assert not np.array_equal(a, sample_noise(key(8, 0), "poisson", mean))
+    assert not np.array_equal(a, sample_noise(key(7, 1), "poisson", mean))
     assert a[0] == 0.0  # a mean of 0 draws 0
-    g = sample_noise(observation_key(7, 0), "gaussian", np.zeros(1000), sd=1.0)
+    g = sample_noise(key(7, 0), "gaussian", np.zeros(1000), sd=1.0)
     assert g.min() == 0.0 and (g > 0).mean() == pytest.approx(0.5, abs=0.07)
 
 

@@ -19,6 +19,10 @@ from epifit.simulation import sample_noise
 
 __all__ = ["FIT_GROUP", "Posterior", "posterior_data"]
 
+# the posterior predictive's noise: NumPy's generator seeded with (seed, this,
+# the observation's index), a stream of its own
+PREDICTIVE_STREAM = 0x9D1C7
+
 RHAT_MAX = 1.01
 ESS_MIN = 400
 # FIT_GROUP (epifit.fitting): the InferenceData group holding the MAP fit the
@@ -196,7 +200,6 @@ def _observation_groups(obj, data, preds, lls, noise, seed: int, coords: dict):
     and `observed_data` (NaN where nothing is observed); adds the series'
     coordinates to `coords`."""
     loglik, predictive, observed = {}, {}, {}
-    key = jax.random.key(seed + 1)
     for i, o in enumerate(obj.observations):
         mean = preds[o.name]
         dims, c = _series_dims(obj.problem, mean.shape[2:])
@@ -208,7 +211,7 @@ def _observation_groups(obj, data, preds, lls, noise, seed: int, coords: dict):
             kw = {k: _against(v, mean.ndim) for k, v in noise.get(o.name, {}).items()}
             missing = ~np.isfinite(mean)
             drawn = sample_noise(
-                jax.random.fold_in(key, i),
+                np.random.default_rng([seed, PREDICTIVE_STREAM, i]),
                 o.family,
                 np.where(missing, 0.0, mean),
                 **kw,

@@ -51,7 +51,10 @@ def sample_noise(
     negative values of a solve are read as 0), as float64.
 
     Args:
-        key: a `jax.random` key.
+        key: a `jax.random` key, or a NumPy `Generator`: the same families
+            drawn by NumPy, with no program to compile (`jax.random.poisson`
+            compiles a rejection sampler for every new shape: 1.95 s for
+            the boarding school's 4 x 1000 x 14 posterior predictive draws).
         family: `poisson`, `negative_binomial` (needs `dispersion`) or
             `gaussian` (needs `sd`).
         mean: the expected values.
@@ -61,6 +64,8 @@ def sample_noise(
     Raises:
         ValueError: an unknown family, or its parameter missing or not > 0.
     """
+    if isinstance(key, np.random.Generator):
+        return _numpy_noise(key, family, mean, dispersion=dispersion, sd=sd)
     mean = jnp.maximum(jnp.asarray(mean, dtype=float), 0.0)
     if family == "poisson":
         y = jax.random.poisson(key, mean, shape=mean.shape)
@@ -74,11 +79,31 @@ def sample_noise(
         z = jax.random.normal(key, shape=mean.shape, dtype=mean.dtype)
         y = jnp.maximum(mean + scale * z, 0.0)
     else:
-        raise ValueError(
-            f"unknown noise family {family!r}; choose poisson, "
-            "negative_binomial or gaussian"
-        )
+        raise _unknown(family)
     return np.asarray(y, dtype=np.float64)
+
+
+def _numpy_noise(rng: np.random.Generator, family, mean, *, dispersion, sd):
+    """`sample_noise`'s families drawn by NumPy's generator `rng`."""
+    mean = np.maximum(np.asarray(mean, dtype=np.float64), 0.0)
+    if family == "poisson":
+        y = rng.poisson(mean)
+    elif family == "negative_binomial":
+        phi = np.asarray(_positive(family, "dispersion", dispersion, mean.shape))
+        y = rng.poisson(rng.gamma(phi, mean / phi))
+    elif family == "gaussian":
+        scale = np.asarray(_positive(family, "sd", sd, mean.shape))
+        y = np.maximum(mean + scale * rng.standard_normal(mean.shape), 0.0)
+    else:
+        raise _unknown(family)
+    return np.asarray(y, dtype=np.float64)
+
+
+def _unknown(family: str) -> ValueError:
+    return ValueError(
+        f"unknown noise family {family!r}; choose poisson, "
+        "negative_binomial or gaussian"
+    )
 
 
 def noise_quantile(
@@ -113,10 +138,7 @@ def noise_quantile(
         cdf = lambda k: jax.scipy.special.betainc(phi, k + 1, p)  # noqa: E731
         y = _count_quantile(cdf, q, mu + mu**2 / phi)
     else:
-        raise ValueError(
-            f"unknown noise family {family!r}; choose poisson, "
-            "negative_binomial or gaussian"
-        )
+        raise _unknown(family)
     return np.where(missing, np.nan, np.asarray(y, dtype=np.float64))
 
 
