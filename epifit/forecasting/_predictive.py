@@ -12,11 +12,12 @@ the compartments, `R_eff` and the derived series are not observed and stay
 noise-free. A `least_squares` observation has no noise model: its band is
 that of its mean, and its `bands` attribute says so.
 
-Seeds: observation `i`'s noise is drawn from
-`fold_in(observation_key(seed, i), NOISE_STREAM)` (the forecast's `seed`),
-the same stream in every scenario (common random numbers: scenario
-differences are not blurred by the noise), apart from the stream `epifit
-simulate --observe --seed` draws data from.
+Seeds: observation `i`'s noise is drawn by NumPy's generator seeded with
+`(seed, i, NOISE_STREAM)` (the forecast's `seed`), the same stream in every
+scenario (common random numbers: scenario differences are not blurred by
+the noise), apart from the stream `epifit simulate --observe --seed` draws
+data from. NumPy, not `jax.random`: `jax.random.poisson` compiles a
+rejection sampler for every new shape of series (about 2 s each).
 
 Cost: one vmapped evaluation of the noise parameters over the draws, then
 per scenario and noisy series `replicates x draws x days x patches` draws
@@ -40,7 +41,7 @@ import numpy as np
 import xarray as xr
 from jax.flatten_util import ravel_pytree
 
-from epifit.simulation import observation_key, sample_noise
+from epifit.simulation import sample_noise
 
 __all__ = ["NOISE_SAMPLES", "NoisePlan", "label_bands", "noise_plan"]
 
@@ -144,8 +145,8 @@ class NoisePlan:
             kw = {p: _per_draw(v, r) for p, v in parameters[name].items()}
             missing = np.tile(np.isnan(mean), (r, 1, 1))
             mean = np.where(missing, 0.0, np.tile(mean, (r, 1, 1)))
-            key = jax.random.fold_in(observation_key(seed, index[name]), NOISE_STREAM)
-            drawn = sample_noise(key, self.families[name], mean, **kw)
+            rng = np.random.default_rng([seed, index[name], NOISE_STREAM])
+            drawn = sample_noise(rng, self.families[name], mean, **kw)
             out[name] = np.where(missing, np.nan, drawn)
         return out
 
