@@ -116,3 +116,17 @@ def test_chains_compile_one_program():
     assert names.count("jit(steps)") == 1
     assert not [n for n in names if "warm" in n or "chunk" in n]
     assert programs.steps._cache_size() == 1  # one trace: the carry kept its types
+
+
+def test_progress_counts_every_transition_and_checkpoints_follow_the_warmup():
+    """`on_progress` sees the transitions done at the start and after every
+    chunk, warm-up included (a progress bar's count); `on_chunk` the
+    snapshots a checkpoint saves: from the chunk that ends the warm-up, with
+    the draws done."""
+    settings = NutsSettings(chains=1, warmup=25, draws=20, chunk=10)
+    seen, snaps = [], []
+    run_chain(Programs(logdensity, settings), 0, X0, np.ones(3),
+              jnp.asarray(PRECISION), on_chunk=lambda s: snaps.append(s["done"]),
+              on_progress=seen.append)  # fmt: skip
+    assert seen == [0, 10, 20, 30, 40, 50]
+    assert snaps == [5, 15, 25]  # the chunk of transitions 20-29 ends the warm-up

@@ -9,6 +9,7 @@ see README.md), and a checkpoint written by one method resumes under another.
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -72,20 +73,13 @@ def resolve_chain_method(
 
 def run_sequential(programs: Programs, starts, imm0, data, store, bar) -> list[dict]:
     """Every chain, one after another, saved by `store` after each chunk and
-    shown by `bar(chain, draws_done)`."""
+    shown by `bar(chain, transitions_done)`."""
     results = []
     for c in range(programs.settings.chains):
-
-        def on_chunk(snap, c=c):
-            store.save(snap)
-            bar(c, snap["done"])
-
-        resume = store.load(c)
         results.append(
-            run_chain(
-                programs, c, starts[c], imm0, data, resume=resume, on_chunk=on_chunk
-            )  # fmt: skip
-        )
+            run_chain(programs, c, starts[c], imm0, data, resume=store.load(c),
+                      on_chunk=store.save, on_progress=functools.partial(bar, c))
+        )  # fmt: skip
     return results
 
 
@@ -118,14 +112,17 @@ def run_threads(
 
     def chain(c: int) -> dict:
         def on_chunk(snap):
+            with lock:
+                store.save(snap)
+
+        def on_progress(done):
             if stop.is_set():
                 raise _Stopped
             with lock:
-                store.save(snap)
-                bar(c, snap["done"])
+                bar(c, done)
 
         return run_chain(programs, c, starts[c], imm0, data, resume=resumes[c],
-                         on_chunk=on_chunk)  # fmt: skip
+                         on_chunk=on_chunk, on_progress=on_progress)  # fmt: skip
 
     pool = ThreadPoolExecutor(workers, thread_name_prefix="epifit-chain")
     try:
@@ -174,9 +171,8 @@ def run_vectorized(programs: Programs, starts, imm0, data, store, bar) -> list[d
             if new is not None and snaps[c] is None:
                 t1 = time.perf_counter()
             snaps[c] = new if new is not None else snaps[c]
-        done = [c for c in group if snaps[c] is not None]
-        for c in done:
-            bar(c, snaps[c]["done"])
-        store.save(*(snaps[c] for c in done))
+        for c in group:
+            bar(c, at[c])
+        store.save(*(snaps[c] for c in group if snaps[c] is not None))
     t2 = time.perf_counter()
     return [chain_result(snaps[c], s, t1 - t0, t2 - t1) for c in range(s.chains)]

@@ -328,11 +328,14 @@ def run_chain(
     *,
     resume: dict | None = None,
     on_chunk: Callable[[dict], None] | None = None,
+    on_progress: Callable[[int], None] | None = None,
 ) -> dict:
     """Chain `chain` from `x0` (first inverse mass matrix `imm0`), or from
     the snapshot `resume` after its warm-up: chunk after chunk of
     transitions; `on_chunk(snapshot)` after each chunk that ends past the
-    warm-up, with the chain's state so far (what a checkpoint saves).
+    warm-up, with the chain's state so far (what a checkpoint saves);
+    `on_progress(transitions)` at the start and after every chunk, with the
+    transitions done (warm-up included: a progress bar's).
     Returns `positions (draw, n)`, the `STATS` `(draw,)`, `step_size`,
     `inverse_mass_matrix` and the wall times `warmup_s` (to the end of the
     chunk that ends the warm-up: the first chain's includes the compile) and
@@ -343,10 +346,14 @@ def run_chain(
         carry, start, snap = programs.fresh(x0, imm0), 0, None
     else:
         carry, start, snap = programs.resumed(resume), s.warmup + resume["done"], resume
+    if on_progress is not None:
+        on_progress(start)
     while start < transitions(s):
         carry, out = programs.steps(carry, chain, start, data)
         new = advanced(snap, chain, carry, start, out, s)
         start += s.chunk
+        if on_progress is not None:
+            on_progress(start)
         if new is None:
             continue
         if snap is None:

@@ -6,7 +6,7 @@ CPU backend, and the persistent compilation cache of the parent when it has
 one (`EPIFIT_CACHE_DIR`). Worker `w` runs chains `w, w + workers, ...` one
 after another with `run_chain`, from the pickled log density (a model, its
 data and the fit's objective: plain data; nothing compiled crosses a process
-boundary, each worker compiles its own programs). After each chunk it sends
+boundary, each worker compiles its own program). After each chunk it sends
 the chain's progress, and its snapshot when the run is checkpointed, to the
 parent, which alone writes the checkpoint file and draws the progress bars;
 then each chain's result. A worker's exception is raised again in the parent
@@ -66,10 +66,11 @@ def run_processes(density, settings, starts, imm0, store, bar, workers: int):
                 _check_workers(procs, groups, results)
                 continue
             if kind == "chunk":
-                done, flat = rest
+                (flat,) = rest
                 if flat is not None:
                     store.save_flat(c, flat)
-                bar(c, done)
+            elif kind == "progress":
+                bar(c, rest[0])
             elif kind == "result":
                 results[c] = rest[0]
             else:
@@ -155,13 +156,17 @@ def _worker(chains, config, job, saved, checkpointed, messages) -> None:
         for chain in chains:
 
             def on_chunk(snap, c=chain):
-                flat = flatten(snap) if checkpointed else None
-                messages.put(("chunk", c, snap["done"], flat))
+                if checkpointed:
+                    messages.put(("chunk", c, flatten(snap)))
+
+            def on_progress(done, c=chain):
+                messages.put(("progress", c, done))
 
             flat = saved.get(chain)
             resume = None if flat is None else unflatten(chain, flat)
             result = run_chain(programs, chain, starts[chain], imm0, data,
-                               resume=resume, on_chunk=on_chunk)  # fmt: skip
+                               resume=resume, on_chunk=on_chunk,
+                               on_progress=on_progress)  # fmt: skip
             messages.put(("result", chain, result))
     except KeyboardInterrupt:  # the parent's too: it stops the run
         return

@@ -102,7 +102,8 @@ def sample(
             (default one per core; never more than `chains`).
         checkpoint: a file the chains are saved to atomically after the
             warm-up and every chunk; `resume=True` continues from it.
-        progress: a progress bar per chain on stderr.
+        progress: a progress bar per chain on stderr (its warm-up, then its
+            draws).
         whiten: sample the whitened coordinates `z` of the Laplace
             approximation, `x = x_map + root @ z` (`root @ root.T` its
             covariance), with an identity first mass matrix: `None` (the
@@ -318,7 +319,9 @@ def _conditioned(init: FitResult, free) -> tuple[np.ndarray, np.ndarray | None]:
 
 
 class _bars:
-    """One rich progress bar per chain (draws done after the warm-up)."""
+    """One rich progress bar per chain: its warm-up, then its draws.
+    `bar(chain, transitions)`: the chain's transitions done (warm-up
+    included)."""
 
     def __init__(self, progress, settings: NutsSettings):
         from epifit.fitting import progress_enabled
@@ -335,17 +338,27 @@ class _bars:
         self.progress = Progress(
             TextColumn("chain {task.fields[chain]}"),
             BarColumn(),
-            TextColumn("{task.completed}/{task.total} draws"),
+            TextColumn("{task.completed}/{task.total} {task.fields[phase]}"),
             TimeRemainingColumn(),
             transient=False,
         )
         self.progress.__enter__()
+        first = ("warm-up", s.warmup) if s.warmup else ("draws", s.draws)
         tasks = [
-            self.progress.add_task("", total=s.draws, chain=c) for c in range(s.chains)
+            self.progress.add_task("", total=first[1], chain=c, phase=first[0])
+            for c in range(s.chains)
         ]
-        return lambda c, done: self.progress.update(
-            tasks[c], completed=min(done, s.draws)
-        )
+
+        def bar(c: int, done: int) -> None:
+            if done < s.warmup:
+                self.progress.update(tasks[c], completed=done, total=s.warmup,
+                                     phase="warm-up")  # fmt: skip
+            else:
+                draws = min(done - s.warmup, s.draws)
+                self.progress.update(tasks[c], completed=draws, total=s.draws,
+                                     phase="draws")  # fmt: skip
+
+        return bar
 
     def __exit__(self, *exc):
         if self.on:
