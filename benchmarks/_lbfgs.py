@@ -56,11 +56,14 @@ def make_chunk(loss, ftol: float, gtol: float, patience: int):
     """`(run, init)`: `run(carry, rest, n_end) -> (carry, (loss, grad max-norm,
     evaluations, rejected))` runs L-BFGS iterations of `loss(p, *rest)` until
     `carry["it"] == n_end` or a stop; `init(x, f, g)` is the first carry at a
-    point whose loss and gradient were evaluated.
+    point whose loss and gradient were evaluated, `init(x)` one whose first
+    loop trip evaluates `x` itself (no step, no iteration: what
+    `epifit.calibrate`'s first phase does, so that the fit compiles no
+    `value_and_grad` program of its own besides the chunk).
 
     `carry`: `x, f, g, state, it, trips, flat, bad, status` (see `STATUS`),
-    `evals`; `trips` counts the evaluations of the iteration under way,
-    `evals` all of them.
+    `evals`, `fresh`; `trips` counts the evaluations of the iteration under
+    way, `evals` all of them.
     """
     import jax
     import jax.numpy as jnp
@@ -68,11 +71,13 @@ def make_chunk(loss, ftol: float, gtol: float, patience: int):
     method, fun = make_lbfgs(), _Loss(loss)
 
     def iterate(c, rest):
+        fresh = c["fresh"]
         x, f, g, state, info = method.step(
-            c["x"], c["f"], c["g"], c["state"], 1.0, fun, rest
+            c["x"], c["f"], c["g"], c["state"], 1.0, fun, rest, fresh=fresh
         )
+        evaluated = (f, g, state)
         bad = info.nonfinite
-        counted = jnp.asarray(info.counted)
+        counted = jnp.asarray(info.counted) & ~fresh
         keep = lambda new, old: jnp.where(bad, old, new)  # noqa: E731
         x, f, g = keep(x, c["x"]), keep(f, c["f"]), keep(g, c["g"])
         fallback = method.on_nonfinite(c["state"], state, c["x"])
@@ -95,6 +100,12 @@ def make_chunk(loss, ftol: float, gtol: float, patience: int):
         new = dict(x=x, f=f, g=g, state=state, it=it, flat=n_flat, bad=n_bad)
         new.update(status=status, trips=jnp.where(counted, 0, trips))
         new["evals"] = c["evals"] + 1
+        # the start's evaluation: its loss, gradient and first direction
+        f0, g0, state0 = evaluated
+        start = dict(new, f=f0, g=g0, state=state0, x=c["x"], trips=0, flat=0, bad=0)
+        start["status"] = jnp.where(bad, NONFINITE, RUNNING).astype(jnp.int32)
+        new = jax.tree.map(lambda a, b: jnp.where(fresh, a, b), start, new)
+        new["fresh"] = jnp.zeros((), bool)
         return new, (f, gmax, trips, bad.astype(jnp.int32))
 
     def run(c, rest, n_end):
@@ -108,7 +119,8 @@ def make_chunk(loss, ftol: float, gtol: float, patience: int):
         )
 
         def cond(s):
-            return (s[0]["status"] == RUNNING) & (s[0]["it"] < n_end)
+            c = s[0]
+            return (c["status"] == RUNNING) & ((c["it"] < n_end) | c["fresh"])
 
         def body(s):
             c, buf = s
@@ -120,8 +132,11 @@ def make_chunk(loss, ftol: float, gtol: float, patience: int):
 
         return jax.lax.while_loop(cond, body, (c, buf))
 
-    def init(x, f, g):
+    def init(x, f=None, g=None):
         zero = jnp.zeros((), jnp.int32)
+        fresh = f is None
+        if fresh:  # placeholders: the first trip evaluates x
+            f, g = jnp.full((), jnp.nan, x.dtype), jnp.zeros_like(x)
         state, f, g = method.init(x, f, g, fun, ())
         return dict(
             x=x,
@@ -134,27 +149,31 @@ def make_chunk(loss, ftol: float, gtol: float, patience: int):
             bad=zero,
             status=zero,
             evals=zero,
+            fresh=jnp.asarray(fresh),
         )
 
     return run, init
 
 
 def _compile(loss, x0, rest, run, init, jit) -> tuple[dict, tuple]:
-    """Compile the value-and-gradient, the first carry and the chunk."""
+    """Compile the fit, the first carry (its start not evaluated) and the
+    chunk (`compile_s`), then, apart, one value-and-gradient of the same loss
+    (`grad_compile_s`, the yardstick of the chunk's compile; the fit does
+    not use it: its chunk evaluates the start)."""
     import jax
     import jax.numpy as jnp
 
-    vg = jax.value_and_grad(loss)
     rec = {}
     t = time.perf_counter()
-    vg_c = jit(lambda x, rest: vg(x, *rest)).lower(x0, rest).compile()
-    rec["grad_compile_s"] = time.perf_counter() - t
-    f_g = jax.eval_shape(lambda x: vg(x, *rest), x0)
-    init_c = jax.jit(init).lower(x0, *f_g).compile()
-    carry = jax.eval_shape(init, x0, *f_g)
+    init_c = jax.jit(init).lower(x0).compile()
+    carry = jax.eval_shape(init, x0)
     run_c = jit(run).lower(carry, rest, jnp.asarray(1, jnp.int32)).compile()
     rec["compile_s"] = time.perf_counter() - t
-    return rec, (vg_c, init_c, run_c)
+    vg = jax.value_and_grad(loss)
+    t = time.perf_counter()
+    jit(lambda x, rest: vg(x, *rest)).lower(x0, rest).compile()
+    rec["grad_compile_s"] = time.perf_counter() - t
+    return rec, (init_c, run_c)
 
 
 def fit(
@@ -168,10 +187,11 @@ def fit(
 ) -> dict:
     """Compile, then run the L-BFGS loop on `loss(p, *rest)` from `args[0]`.
 
-    `compile_s` is the whole fit's compilation (`grad_compile_s` of it the
-    value-and-gradient's); `wall_s` and the history's times run from the
-    first value-and-gradient evaluation. `diagnose(x)` says why the loss is
-    not finite at `x` (for a start that fails).
+    `compile_s` is the whole fit's compilation (the first carry and the
+    chunk; `grad_compile_s`, one value-and-gradient compiled apart, is not
+    part of it); `wall_s` and the history's times run from the first
+    evaluation (the first chunk's first trip). `diagnose(x)` says why the
+    loss is not finite at `x` (for a start that fails).
     """
     import jax
     import jax.numpy as jnp
@@ -179,17 +199,16 @@ def fit(
 
     x0, rest = args[0], tuple(args[1:])
     run, init = make_chunk(loss, a.ftol, a.gtol, a.patience)
-    rec, (vg_c, init_c, run_c) = _compile(loss, x0, rest, run, init, jit)
+    rec, (init_c, run_c) = _compile(loss, x0, rest, run, init, jit)
     t0 = time.perf_counter()
-    f0, g0 = jax.block_until_ready(vg_c(x0, rest))
-    rec["initial_loss"] = float(f0)
-    if not (np.isfinite(float(f0)) and bool(jnp.all(jnp.isfinite(g0)))):
+    carry, _ = run_c(init_c(x0), rest, jnp.asarray(0, jnp.int32))  # the start
+    rec["initial_loss"] = float(carry["f"])
+    if int(carry["status"]) == NONFINITE:
         rec.update(wall_s=time.perf_counter() - t0, iterations=0, evaluations=1)
         reason = (diagnose(x0) if diagnose else None) or "no reason reported"
         rec.update(final_loss=None, best_loss=None, converged=False, capped=False)
         rec["status"] = rec["error"] = f"non-finite loss at the start: {reason}"
         return rec
-    carry = init_c(x0, f0, g0)
     hist = {"t": [], "loss": [], "grad_max": [], "evals": [], "rejected": []}
     k, capped = 1, False
     while int(carry["it"]) < a.max_iter and int(carry["status"]) == RUNNING:
@@ -216,7 +235,7 @@ def fit(
     rec["wall_s"] = time.perf_counter() - t0
     status = int(carry["status"])
     rec["iterations"] = int(carry["it"])
-    rec["evaluations"] = 1 + int(carry["evals"])
+    rec["evaluations"] = int(carry["evals"])  # the start's included
     rec["rejected_steps"] = int(sum(hist["rejected"]))
     rec["final_loss"] = float(carry["f"])
     rec["best_loss"] = float(min([rec["initial_loss"], *hist["loss"]]))

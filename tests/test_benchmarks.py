@@ -145,6 +145,37 @@ def _toy_fit(loss, x0, n: int):
     return lbfgs, carry, [np.asarray(b) for b in buf]
 
 
+def test_benchmark_optimizer_evaluates_its_start_in_the_chunk():
+    """`init(x)` alone: the chunk's first trip evaluates the start (no step,
+    no iteration), then the fit takes the iterates of a start evaluated
+    beforehand, with one evaluation more; a start whose loss is not finite
+    stops there."""
+    import jax
+    import jax.numpy as jnp
+
+    def rosenbrock(x):
+        return (1.0 - x[0]) ** 2 + 100.0 * (x[1] - x[0] ** 2) ** 2
+
+    x0 = jnp.array([-1.2, 1.0])
+    lbfgs, given, buf = _toy_fit(rosenbrock, x0, 15)
+    run, init = lbfgs.make_chunk(rosenbrock, ftol=0.0, gtol=1e-10, patience=5)
+    run = jax.jit(run)
+    start, _ = run(init(x0), (), 0)
+    assert int(start["it"]) == 0 and int(start["evals"]) == 1
+    assert not bool(start["fresh"])
+    assert float(start["f"]) == pytest.approx(float(rosenbrock(x0)), rel=1e-14)
+    carry, own = run(start, (), 15)
+    assert int(carry["it"]) == int(given["it"]) == 15
+    assert int(carry["evals"]) == int(given["evals"]) + 1
+    # the same iterates, to the rounding of a compiled against an eager start
+    np.testing.assert_allclose(carry["x"], given["x"], rtol=1e-9)
+    np.testing.assert_allclose(
+        own[0], buf[0], rtol=1e-9
+    )  # losses, iteration by iteration
+    nan_start, _ = run(init(jnp.array([jnp.nan, 0.0])), (), 0)
+    assert int(nan_start["status"]) == lbfgs.NONFINITE and int(nan_start["it"]) == 0
+
+
 def test_benchmark_optimizer_rejects_non_finite_steps():
     """A loss that is finite only at the start: every line search meets only
     NaN, each step is rejected (the iterate stays), and the fit stops after
