@@ -15,7 +15,7 @@ restarts from its average), `LAST` (the last warm-up transition: the
 parameters are the final ones, the step size the dual average's) and `DRAW`
 (no adaptation). The updates are blackjax's own functions, in the order its
 window adaptation applies them, so the warm-up ends where blackjax's does, to
-rounding (`tests/test_sample.py`).
+rounding (`tests/test_sample_program.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from blackjax.adaptation.mass_matrix import mass_matrix_adaptation
 from blackjax.adaptation.step_size import dual_averaging_adaptation
 from blackjax.adaptation.window_adaptation import build_schedule
 
-__all__ = ["DRAW", "Adaptation", "codes", "engine", "strong"]
+__all__ = ["DRAW", "Adaptation", "codes", "engine", "like"]
 
 SLOW, WINDOW_END, LAST, DRAW = 1, 2, 4, 8
 INITIAL_STEP_SIZE = 1.0  # blackjax's window adaptation's default
@@ -52,18 +52,21 @@ def codes(warmup: int) -> np.ndarray:
     return out.astype(np.int32)
 
 
-def strong(tree):
-    """`tree` with every leaf of its own dtype but not weakly typed, so that
-    a program's carry keeps one type from call to call."""
-    return jax.tree.map(lambda v: jax.lax.convert_element_type(v, jnp.result_type(v)),
-                        tree)  # fmt: skip
+def like(tree, ref):
+    """`tree` cast leaf by leaf to the dtypes of `ref`, not weakly typed: a
+    `lax.cond`'s branches, and a program's carry from call to call, keep
+    one type."""
+    return jax.tree.map(
+        lambda v, r: jax.lax.convert_element_type(v, r.dtype), tree, ref
+    )
 
 
 def engine(diagonal: bool, target_accept: float):
     """`(init, update)` of the adaptation.
 
     `init(position, imm0)`: the state before the first transition (the first
-    inverse mass matrix `imm0`, step size 1). `update(state, code, position,
+    inverse mass matrix `imm0`, step size 1; its leaves may be weakly typed:
+    a program's carry casts them with `like`). `update(state, code, position,
     acceptance_rate)`: the state after a warm-up transition of `code` that
     moved to `position`, with the step size and inverse mass matrix of the
     next transition.
@@ -73,15 +76,15 @@ def engine(diagonal: bool, target_accept: float):
 
     def init(position, imm0) -> Adaptation:
         mass = mm_init(position.size)._replace(inverse_mass_matrix=imm0)
-        return strong(Adaptation(da_init(INITIAL_STEP_SIZE), mass))
+        return Adaptation(da_init(INITIAL_STEP_SIZE), mass)
 
     def update(state: Adaptation, code, position, acceptance_rate):
-        step = strong(da_update(state.step, acceptance_rate))
-        mass = jax.lax.cond(code & SLOW != 0, lambda m: strong(mm_update(m, position)),
+        step = like(da_update(state.step, acceptance_rate), state.step)
+        mass = jax.lax.cond(code & SLOW != 0, lambda m: like(mm_update(m, position), m),
                             lambda m: m, state.mass)  # fmt: skip
 
         def window_end(step, mass):
-            return strong((da_init(da_final(step)), mm_final(mass)))
+            return like((da_init(da_final(step)), mm_final(mass)), (step, mass))
 
         step, mass = jax.lax.cond(code & WINDOW_END != 0, window_end,
                                   lambda s, m: (s, m), step, mass)  # fmt: skip

@@ -25,7 +25,7 @@ import numpy as np
 from blackjax.mcmc.hmc import HMCState
 
 from epifit._jit import jit
-from epifit.sampling._adapt import DRAW, INITIAL_STEP_SIZE, codes, engine
+from epifit.sampling._adapt import DRAW, INITIAL_STEP_SIZE, codes, engine, like
 
 __all__ = ["NutsSettings", "Programs", "STATS", "run_chain", "start_points"]
 
@@ -158,7 +158,8 @@ class Programs:
         self.settings = s = settings
         kernel = blackjax.nuts.build_kernel()
         adapt_init, adapt_update = engine(s.diagonal, s.target_accept)
-        schedule = codes(s.warmup)
+        # each transition's code: the warm-up's schedule, then draws
+        table = np.append(codes(s.warmup), DRAW).astype(np.int32)
         depth = s.max_tree_depth
 
         def steps(carry, chain, start, data):
@@ -169,14 +170,12 @@ class Programs:
                 state, _, _, imm0 = carry
                 new = blackjax.nuts.init(state.position, logp)
                 size = jnp.asarray(INITIAL_STEP_SIZE, carry[2].dtype)
-                return _like((new, adapt_init(state.position, imm0), size, imm0), carry)
+                return like((new, adapt_init(state.position, imm0), size, imm0), carry)
 
             carry = jax.lax.cond(start == 0, begin, lambda c: c, carry)
             index = start + jnp.arange(s.chunk)
             keys = transition_keys(s.seed, chain, index, s.warmup)
-            code = jnp.asarray(np.append(schedule, DRAW).astype(np.int32))[
-                jnp.minimum(index, s.warmup)
-            ]
+            code = jnp.asarray(table)[jnp.minimum(index, s.warmup)]
 
             def one(carry, xs):
                 key, code = xs
@@ -196,7 +195,7 @@ class Programs:
                     info.energy,
                     info.acceptance_rate,
                 )
-                return _like((state, *params), carry), (state.position, stats)
+                return like((state, *params), carry), (state.position, stats)
 
             return jax.lax.scan(one, carry, (keys, code))
 
@@ -210,29 +209,25 @@ class Programs:
         """The carry of a chain not begun: its start `x0` and the first
         inverse mass matrix `imm0` (the rest is filled in by the program)."""
         x0 = np.asarray(x0)
-        imm0 = np.asarray(imm0, x0.dtype)
-        template = jax.eval_shape(self._adapt_init, x0, imm0)
-        adapt = jax.tree.map(lambda v: np.zeros(v.shape, v.dtype), template)
         zero = np.zeros((), x0.dtype)
-        state = HMCState(x0, zero, np.zeros_like(x0))
-        return jax.device_put((state, adapt, zero, imm0))
+        return self._carry(HMCState(x0, zero, np.zeros_like(x0)), zero, imm0)
 
     def resumed(self, snap: dict):
         """The carry of a chain after its warm-up, from its snapshot."""
-        state = snap["state"]
-        x = np.asarray(state.position)
-        carry = self.fresh(x, np.asarray(snap["inverse_mass_matrix"], x.dtype))
-        size = np.asarray(snap["step_size"], x.dtype)
-        return (jax.device_put(HMCState(*(np.asarray(v) for v in state))), carry[1],
-                jax.device_put(size), carry[3])  # fmt: skip
+        state = HMCState(*(np.asarray(v) for v in snap["state"]))
+        size = np.asarray(snap["step_size"], state.position.dtype)
+        return self._carry(state, size, snap["inverse_mass_matrix"])
 
-
-def _like(tree, ref):
-    """`tree` cast leaf by leaf to the dtypes of `ref` (a program's carry
-    keeps its types)."""
-    return jax.tree.map(
-        lambda v, r: jax.lax.convert_element_type(v, r.dtype), tree, ref
-    )
+    def _carry(self, state, size, imm):
+        """`(state, adaptation, step size, inverse mass matrix)` on the
+        device, as NumPy strongly typed arrays make it (the types the program
+        keeps), the adaptation's zeros (the program begins it at `start`
+        0)."""
+        x = state.position
+        imm = np.asarray(imm, x.dtype)
+        template = jax.eval_shape(self._adapt_init, x, imm)
+        adapt = jax.tree.map(lambda v: np.zeros(v.shape, v.dtype), template)
+        return jax.device_put((state, adapt, size, imm))
 
 
 def transition_keys(seed: int, chain, index, warmup: int):
