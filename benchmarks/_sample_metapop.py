@@ -56,21 +56,23 @@ MAX_STEPS = 16384
 COMPARTMENTS = (("S", 1), ("E", 1), ("ID", 7), ("D", 1), ("IR", 5), ("R", 1))
 
 
-def fit_config(rtol: float = RTOL, atol: float = ATOL, fix_neural=False) -> dict:
+def fit_config(rtol: float = RTOL, atol: float = ATOL, fix_neural=None) -> dict:
     """The fit configuration: the tolerances and every parameter's prior;
-    with `fix_neural`, the MLP's weights fixed (at the MAP's values, when the
-    sampler starts from a fit): the posterior of the rest given them."""
+    with `fix_neural="all"` (or True), the MLP's weights fixed (at the MAP's
+    values, when the sampler starts from a fit): the posterior of the rest
+    given them; with `"hidden"`, its hidden layers only (a Bayesian last
+    layer: the output layer's weights and bias sampled with the rest)."""
     params = {
         k: {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
         for k, (m, s) in RATE_PRIORS.items()
     }
     m, s = SCALER_PRIOR
     params["scaler"] = {"prior": {"family": "lognormal", "median": m, "sdlog": s}}
-    params["beta"] = (
-        {"fixed": True}
-        if fix_neural
-        else {"prior": {"family": "normal", "mean": 0.0, "sd": WEIGHT_SD}}
-    )
+    weights = {"prior": {"family": "normal", "mean": 0.0, "sd": WEIGHT_SD}}
+    if fix_neural == "hidden":
+        params["beta"] = {"fixed": "hidden", **weights}
+    else:
+        params["beta"] = {"fixed": True} if fix_neural else weights
     return {"rtol": rtol, "atol": atol, "parameters": params}
 
 
@@ -337,14 +339,14 @@ def _epifit_draws(posterior) -> dict:
     return out
 
 
-def sampled_start(fit_path: str, fix_neural: bool, mass_matrix: str, whiten=False):
+def sampled_start(fit_path: str, fix_neural, mass_matrix: str, whiten=False):
     """What `epifit.sample` starts from, by its own rules: the MAP fit, the
     labels and MAP values of the free vector sampled (conditional on the
-    MLP's weights with `fix_neural`), the first inverse mass matrix (the
-    Laplace covariance, conditioned) and, with `whiten`, the root of that
-    covariance the chains' coordinates are whitened by (`x = x_map + root @
-    z`, an identity first inverse mass matrix; None without), so that every
-    tool starts the same."""
+    MLP's weights, or its hidden layers, with `fix_neural`), the first
+    inverse mass matrix (the Laplace covariance, conditioned) and, with
+    `whiten`, the root of that covariance the chains' coordinates are
+    whitened by (`x = x_map + root @ z`, an identity first inverse mass
+    matrix; None without), so that every tool starts the same."""
     from epifit import FitResult
     from epifit.fitting import fit_config as config_of
     from epifit.fitting import resolve_fit
@@ -387,7 +389,8 @@ def worker_numpyro(a, kind: str, fit_path: str) -> None:
     p_map = from_epifit(fit.x, fit.labels, A["patches"])
     index = reference_index(fit.labels, A["patches"])
     at = index[[fit.labels.index(s) for s in labels]]
-    logp = on_sampled(log_density(kind, A, neural=not a.fix_neural), p_map, at)
+    neural = a.fix_neural != "all"  # the weights' prior: constant if all fixed
+    logp = on_sampled(log_density(kind, A, neural=neural), p_map, at)
     to_q = (lambda z: z) if root is None else _affine(x0, root)
     if root is not None:  # epifit's whitened coordinates z, from the MAP z = 0
         x0 = np.zeros_like(x0)

@@ -357,7 +357,8 @@ def metapop_main(a, ap) -> int:
     print(f"MAP: {head}")
     extra = ["--problem", "metapop", "--block", str(a.block), "--fit", fit_path]
     extra += ["--chain-method", a.chain_method] if a.chain_method else []
-    extra += ["--mass-matrix", a.mass_matrix] + (["--fix-neural"] * a.fix_neural)
+    extra += ["--mass-matrix", a.mass_matrix]
+    extra += ["--fix-neural", a.fix_neural] if a.fix_neural else []
     extra += ["--no-whiten"] * a.no_whiten
     records = [_run_capped(t, a, extra, _summarise_metapop) for t in tools]
     cols = [
@@ -412,8 +413,11 @@ def main(argv=None) -> int:
     ap.add_argument("--no-whiten", action="store_true", help="metapop: every "
                     "tool on the unconstrained coordinates, not the Laplace "
                     "approximation's whitened ones")  # fmt: skip
-    ap.add_argument("--fix-neural", action="store_true", help="metapop: sample the "
-                    "rates and scalers given the MLP's weights at the MAP")  # fmt: skip
+    ap.add_argument("--fix-neural", nargs="?", const="all", choices=("all", "hidden"),
+                    help="metapop: sample the rates and scalers given the "
+                    "MLP's weights at the MAP (all), or given its hidden layers, "
+                    "the output layer sampled too (hidden: a Bayesian last "
+                    "layer)")  # fmt: skip
     ap.add_argument("--fit", help="metapop: a FIT.nc of the MAP to start from "
                     "(default: calibrate it first)")  # fmt: skip
     ap.add_argument("--fit-iterations", type=int, default=400, help=argparse.SUPPRESS)

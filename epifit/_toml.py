@@ -122,6 +122,17 @@ class Reader:
             )
         return value
 
+    def boolean_or(
+        self, value: Any, location: str, options: tuple[str, ...]
+    ) -> bool | str:
+        """`true`, `false` or one of the strings `options`."""
+        if isinstance(value, bool) or value in options:
+            return value
+        expected = join(("true", "false", *(repr(o) for o in options)))
+        raise self.fail(
+            location, f"expected one of: {expected}; got {describe_type(value)}"
+        )
+
     def integer(self, value: Any, location: str, minimum: int) -> int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise self.fail(

@@ -89,3 +89,36 @@ def test_mlp_and_per_patch_fit_round_trip(tmp_path):
     np.testing.assert_allclose(
         pred, res.trajectories["predicted_new_deaths"].values[1:], rtol=1e-10
     )
+
+
+def test_fit_moves_only_the_output_layer_of_hidden_fixed_mlp(tmp_path):
+    """`fixed = "hidden"` in the fit file: the hidden layers keep the model's
+    values exactly, the output layer's weights and bias move, and only they
+    are labelled among the free entries; the fit file's setting comes back
+    with FIT.nc."""
+    ds = dataset()
+    fit = {"parameters": {"beta": {"fixed": "hidden"}}}
+    res = epifit.calibrate(
+        MODEL,
+        ds,
+        fit=fit,
+        optimizer={"method": "adam", "iterations": 3, "learning_rate": 0.01},
+        uncertainty=False,
+        progress=False,
+        rtol=1e-5,
+        atol=1e-8,
+    )
+    start = epifit.Problem(MODEL, ds).init_params()["beta"]
+    got = res.params["beta"]
+    for i in range(len(start.layers) - 1):
+        np.testing.assert_array_equal(got.layers[i].weight, start.layers[i].weight)
+        np.testing.assert_array_equal(got.layers[i].bias, start.layers[i].bias)
+    last = len(start.layers) - 1
+    assert not np.allclose(got.layers[-1].weight, start.layers[-1].weight)
+    assert not np.allclose(got.layers[-1].bias, start.layers[-1].bias)
+    mlp = [s for s in res.labels if s.startswith("beta")]
+    width = start.layers[-1].weight.shape[1]
+    assert len(mlp) == width + 1
+    assert all(s.startswith(f"beta.layers[{last}].") for s in mlp)
+    back = FitResult.from_netcdf(res.to_netcdf(tmp_path / "FIT.nc"), data=ds)
+    assert back.labels == res.labels

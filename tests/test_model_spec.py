@@ -259,6 +259,30 @@ def test_neural_errors():
         load(METAPOP, neural__beta__width=4)
     with raises(r"neural\.beta\.activation: unknown value 'gelu'; expected one of"):
         load(METAPOP, neural__beta__activation="gelu")
+    with raises(
+        r"neural\.beta\.fixed: expected one of: true, false, 'hidden'; got str 'last'"
+    ):
+        load(METAPOP, neural__beta__fixed="last")
+
+
+def test_neural_hidden_layers_fixed():
+    """`fixed = "hidden"`: the free mask holds the output layer's weight and
+    bias only (layers [2, 4, 4, 1]: 4 + 1 of 37); `true` none of the MLP."""
+    import jax
+
+    for fixed, free in ((False, 37), (True, 0), ("hidden", 5)):
+        model = compile_model(load(METAPOP, neural__beta__fixed=fixed))
+        params = model.init_params(n_patches=2)
+        mask = model.free_mask(params)["beta"]
+        n = sum(
+            leaf.size
+            for leaf, m in zip(
+                jax.tree.leaves(params["beta"]), jax.tree.leaves(mask), strict=True
+            )
+            if m
+        )
+        assert n == free, fixed
+        assert model.spec.neural[0].fixed == fixed
 
 
 def test_names_share_one_namespace():

@@ -23,6 +23,7 @@ import optax
 from epifit._errors import LocatedError
 from epifit._toml import Reader, at, join
 from epifit.model import TRANSFORMS, bounds_error
+from epifit.model._spec import NEURAL_FIXED
 from epifit.ode import AbstractAdaptiveSolver
 from epifit.simulation import ADJOINTS as ADJOINT_CLASSES
 from epifit.simulation import SOLVERS as SOLVER_CLASSES
@@ -176,7 +177,7 @@ class ParameterOverride:
     """Fit-time changes to one model parameter (or neural sub-model)."""
 
     value: float | tuple[float, ...] | None = None
-    fixed: bool | None = None
+    fixed: bool | str | None = None
     transform: str | None = None
     bounds: tuple[float, float] | None = None
     prior: PriorConfig | None = None
@@ -409,7 +410,7 @@ def _parameters(r: _Reader, value: Any) -> dict[str, ParameterOverride]:
         t = r.table(entry, loc, optional=fields)
         kw: dict[str, Any] = {}
         if "fixed" in t:
-            kw["fixed"] = r.boolean(t["fixed"], at(loc, "fixed"))
+            kw["fixed"] = r.boolean_or(t["fixed"], at(loc, "fixed"), NEURAL_FIXED)
         if "transform" in t:
             kw["transform"] = r.choice(t["transform"], at(loc, "transform"), TRANSFORMS)
         if "bounds" in t:

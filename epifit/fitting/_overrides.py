@@ -98,6 +98,14 @@ def _override_parameter(p, o: ParameterOverride, config: FitConfig, n_patches: i
     """A parameter with its override (value, fixed, transform, bounds), the
     value checked against the transform's range."""
     name = p.name
+    if isinstance(o.fixed, str):
+        raise _fail(
+            config,
+            name,
+            "fixed",
+            f"'{name}' is a parameter, not a neural sub-model: fixed = "
+            f"{o.fixed!r} applies to neural sub-models only; give true or false",
+        )
     transform = p.transform if o.transform is None else o.transform
     if o.bounds is not None:
         lo, hi = o.bounds

@@ -128,9 +128,10 @@ class ModelBuilder:
         activation: str | None = None,
         final_activation: str | None = None,
         time_input: bool | None = None,
-        fixed: bool | None = None,
+        fixed: bool | str | None = None,
     ) -> ModelBuilder:
-        """An MLP mapping `covariate`'s features to a rate per patch."""
+        """An MLP mapping `covariate`'s features to a rate per patch (`fixed`:
+        `True`, or `"hidden"` for its hidden layers only)."""
         if layers is not None and isinstance(layers, Sequence):
             layers = list(layers)
         return self._named(

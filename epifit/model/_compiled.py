@@ -323,8 +323,9 @@ class CompiledModel(eqx.Module):
         return unconstrain_coefficients(p, value)
 
     def free_mask(self, params: Params) -> PyTree[bool]:
-        """Bools for `eqx.partition`: False for fixed parameters and for the
-        non-array leaves (activation functions) of neural sub-models."""
+        """Bools for `eqx.partition`: False for fixed parameters, for the
+        non-array leaves (activation functions) of neural sub-models and for
+        the hidden layers of one fixed `"hidden"`."""
         fixed = {p.name: p.fixed for p in self.spec.parameters}
         fixed |= {n.name: n.fixed for n in self.spec.neural}
         mask = {}
@@ -333,6 +334,12 @@ class CompiledModel(eqx.Module):
             mask[name] = jtu.tree_map(
                 lambda x, free=free: free and eqx.is_inexact_array(x), leaf
             )
+            if fixed.get(name) == "hidden":  # the output layer's arrays free
+                mask[name] = eqx.tree_at(
+                    lambda m: m.layers[-1],
+                    mask[name],
+                    jtu.tree_map(eqx.is_inexact_array, leaf.layers[-1]),
+                )
         return mask
 
     # -- precomputation -------------------------------------------------------------

@@ -211,7 +211,13 @@ class CouplingSpec:
 
 @_frozen
 class NeuralSpec:
-    """An `eqx.nn.MLP` mapping a covariate's features to a rate per patch."""
+    """An `eqx.nn.MLP` mapping a covariate's features to a rate per patch.
+
+    `fixed`: `True` holds every weight and bias at its value, `"hidden"` the
+    hidden layers' only, so that fits and the sampler move the output layer's
+    weights and bias (with NUTS, a Bayesian last layer: the network's
+    features fixed at a fit's values, the uncertainty of the rate they carry
+    sampled with the other parameters)."""
 
     name: str
     covariate: str
@@ -221,7 +227,11 @@ class NeuralSpec:
     activation: str = "relu"
     final_activation: str = "softplus"
     time_input: bool = False
-    fixed: bool = False
+    fixed: bool | str = False
+
+
+# the values of a neural sub-model's `fixed` besides true and false
+NEURAL_FIXED = ("hidden",)
 
 
 @_frozen

@@ -33,6 +33,7 @@ from epifit.model._open import open_edges, read_inflows, read_outflows
 from epifit.model._per_time_read import read_per_time, read_smoothing
 from epifit.model._section import SectionContext
 from epifit.model._spec import (
+    NEURAL_FIXED,
     CompartmentSpec,
     CouplingSpec,
     CovariateSpec,
@@ -354,7 +355,7 @@ def _read_neural(ctx: SectionContext) -> tuple[NeuralSpec, ...]:
             a = r.choice(t.get(key, default), at(loc, key), tuple(ACTIVATIONS))
             acts.append(canonical_activation(a))
         time_input = r.boolean(t.get("time_input", False), at(loc, "time_input"))
-        fixed = r.boolean(t.get("fixed", False), at(loc, "fixed"))
+        fixed = r.boolean_or(t.get("fixed", False), at(loc, "fixed"), NEURAL_FIXED)
         ctx.declare(name, "neural sub-model", loc)
         ctx.symbols[name] = ("neural sub-model", True, True)
         out.append(

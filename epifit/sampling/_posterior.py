@@ -386,6 +386,7 @@ def _geometry_warnings(idata) -> list[str]:
             "Laplace approximation fell back): a saddle, not a mode, so its "
             "covariance is a poor guide to the posterior's scales; fit longer, "
             "or sample a conditional posterior (a fit configuration that fixes "
-            "a neural sub-model's weights)"
+            "a neural sub-model's weights, or its hidden layers: fixed = "
+            '"hidden")'
         )
     return out
