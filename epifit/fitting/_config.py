@@ -22,8 +22,7 @@ import optax
 
 from epifit._errors import LocatedError
 from epifit._toml import Reader, at, join
-from epifit.model import TRANSFORMS, bounds_error
-from epifit.model._spec import NEURAL_FIXED
+from epifit.model import NEURAL_FIXED, TRANSFORMS, bounds_error
 from epifit.ode import AbstractAdaptiveSolver
 from epifit.simulation import ADJOINTS as ADJOINT_CLASSES
 from epifit.simulation import SOLVERS as SOLVER_CLASSES

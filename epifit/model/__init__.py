@@ -37,6 +37,7 @@ from epifit.model._reproduction import (
 )
 from epifit.model._serialize import parameters_json as parameters_json
 from epifit.model._series import derived_series as derived_series
+from epifit.model._spec import NEURAL_FIXED as NEURAL_FIXED
 from epifit.model._spec import BranchSpec as BranchSpec
 from epifit.model._spec import CompartmentSpec as CompartmentSpec
 from epifit.model._spec import CouplingSpec as CouplingSpec

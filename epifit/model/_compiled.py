@@ -25,7 +25,7 @@ from epifit._toml import join
 from epifit.model._errors import ModelSpecError
 from epifit.model._initial import initial_state_of
 from epifit.model._load import load_model
-from epifit.model._neural import make_mlps
+from epifit.model._neural import make_mlps, output_layer_mask
 from epifit.model._observation import flow_key, quantity, report
 from epifit.model._per_time import (
     constrain_coefficients,
@@ -328,18 +328,14 @@ class CompiledModel(eqx.Module):
         the hidden layers of one fixed `"hidden"`."""
         fixed = {p.name: p.fixed for p in self.spec.parameters}
         fixed |= {n.name: n.fixed for n in self.spec.neural}
+        is_free = eqx.is_inexact_array
         mask = {}
         for name, leaf in params.items():
-            free = not fixed.get(name, False)
-            mask[name] = jtu.tree_map(
-                lambda x, free=free: free and eqx.is_inexact_array(x), leaf
-            )
-            if fixed.get(name) == "hidden":  # the output layer's arrays free
-                mask[name] = eqx.tree_at(
-                    lambda m: m.layers[-1],
-                    mask[name],
-                    jtu.tree_map(eqx.is_inexact_array, leaf.layers[-1]),
-                )
+            how = fixed.get(name, False)
+            if how == "hidden":
+                mask[name] = output_layer_mask(leaf)
+            else:
+                mask[name] = jtu.tree_map(lambda x, h=how: not h and is_free(x), leaf)
         return mask
 
     # -- precomputation -------------------------------------------------------------

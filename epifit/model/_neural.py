@@ -19,6 +19,7 @@ __all__ = [
     "make_mlp",
     "make_mlps",
     "neural_rates",
+    "output_layer_mask",
 ]
 
 
@@ -138,6 +139,14 @@ def make_mlp(
                 draw = rng.uniform(-lim, lim, a.shape).astype(a.dtype)
                 leaves.append(jax.device_put(draw))  # (jnp.asarray compiles)
     return eqx.tree_at(_weights_and_biases, shapes, leaves)
+
+
+def output_layer_mask(mlp: eqx.nn.MLP):
+    """Bools for `eqx.partition` of an MLP whose hidden layers are fixed
+    (`fixed = "hidden"`): True for the output layer's weight and bias only."""
+    mask = jax.tree.map(lambda _: False, mlp)
+    last = jax.tree.map(eqx.is_inexact_array, mlp.layers[-1])
+    return eqx.tree_at(lambda m: m.layers[-1], mask, last)
 
 
 def make_mlps(
