@@ -118,6 +118,47 @@ def test_chains_compile_one_program():
     assert programs.steps._cache_size() == 1  # one trace: the carry kept its types
 
 
+def test_the_program_traces_the_density_once():
+    """blackjax traces NUTS's integrator three times (its loop's carry
+    starts weakly typed) and its `init` once; the density under `jax.jit`
+    is traced once, the later traces cache hits, and the lowered program
+    still evaluates it where NUTS does (the same positions as the density
+    traced every time)."""
+    calls = []
+
+    def counted(x, data):
+        calls.append(1)
+        return logdensity(x, data)
+
+    settings = NutsSettings(chains=1, warmup=10, draws=5, chunk=15)
+    data = jnp.asarray(PRECISION)
+    programs = Programs(counted, settings)
+    ours = run_chain(programs, 0, X0, np.ones(3), data)
+    assert len(calls) == 1
+    # the same program with the density traced at every site
+    plain_calls = []
+    original = jax.jit
+
+    def unjitted(f, *a, **k):
+        if f is logdensity:
+
+            def traced(x, d):
+                plain_calls.append(1)
+                return f(x, d)
+
+            return traced
+        return original(f, *a, **k)
+
+    jax.jit = unjitted
+    try:
+        plain = Programs(logdensity, settings)
+    finally:
+        jax.jit = original
+    theirs = run_chain(plain, 0, X0, np.ones(3), data)
+    assert len(plain_calls) > 1  # (4 with blackjax 1.7)
+    np.testing.assert_array_equal(ours["positions"], theirs["positions"])
+
+
 def test_progress_counts_every_transition_and_checkpoints_follow_the_warmup():
     """`on_progress` sees the transitions done at the start and after every
     chunk, warm-up included (a progress bar's count); `on_chunk` the
