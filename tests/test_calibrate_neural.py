@@ -42,20 +42,24 @@ def dataset() -> xr.Dataset:
     )
 
 
-@pytest.mark.slow
-def test_mlp_and_per_patch_fit_round_trip(tmp_path):
-    ds = dataset()
-    fit = {"parameters": {"kappa": {"fixed": True}, "beta": {"l2": 1e-3}}}
-    res = epifit.calibrate(
+def adam_fit(ds: xr.Dataset, parameters: dict, iterations: int):
+    """A few Adam iterations of the model on `ds` with these overrides."""
+    return epifit.calibrate(
         MODEL,
         ds,
-        fit=fit,
-        optimizer={"method": "adam", "iterations": 5, "learning_rate": 0.01},
+        fit={"parameters": parameters},
+        optimizer={"method": "adam", "iterations": iterations, "learning_rate": 0.01},
         uncertainty=False,
         progress=False,
         rtol=1e-5,
         atol=1e-8,
     )
+
+
+@pytest.mark.slow
+def test_mlp_and_per_patch_fit_round_trip(tmp_path):
+    ds = dataset()
+    res = adam_fit(ds, {"kappa": {"fixed": True}, "beta": {"l2": 1e-3}}, 5)
     start = epifit.Problem(MODEL, ds).init_params()
     # fixed: exactly the model's value; free scalars, per-patch values and MLP
     # weights all moved
@@ -97,17 +101,7 @@ def test_fit_moves_only_the_output_layer_of_hidden_fixed_mlp(tmp_path):
     are labelled among the free entries; the fit file's setting comes back
     with FIT.nc."""
     ds = dataset()
-    fit = {"parameters": {"beta": {"fixed": "hidden"}}}
-    res = epifit.calibrate(
-        MODEL,
-        ds,
-        fit=fit,
-        optimizer={"method": "adam", "iterations": 3, "learning_rate": 0.01},
-        uncertainty=False,
-        progress=False,
-        rtol=1e-5,
-        atol=1e-8,
-    )
+    res = adam_fit(ds, {"beta": {"fixed": "hidden"}}, 3)
     start = epifit.Problem(MODEL, ds).init_params()["beta"]
     got = res.params["beta"]
     for i in range(len(start.layers) - 1):

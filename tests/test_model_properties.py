@@ -210,8 +210,9 @@ def random_covariates(model, n_patches, rng, n_days=3):
 
 def evaluate(model, n_patches, seed):
     # bound as Problem binds it: a stratified model's per-stratum values
-    # are tiled over the patches onto the cells (patch-major)
-    model = model.bind_patches(n_patches)
+    # are tiled over the patches onto the cells (patch-major), and a model
+    # with time-varying parameters to the covariates' 3 days
+    model = model.bind_patches(n_patches).bind_days(3)
     n_cells = n_patches * model.n_strata
     rng = np.random.default_rng(seed)
     params = model.init_params(n_patches, key=jax.random.key(seed))
