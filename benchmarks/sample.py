@@ -13,12 +13,13 @@ draws, target acceptance 0.8, tree depth 10), the same solver tolerances
 (rtol = atol = 1e-6) and starts near the MAP: epifit from draws of its
 Laplace approximation, numpyro at the MAP values (`init_to_value`).
 
-`epifit-forward` is epifit with forward sensitivities instead of its
-default checkpoint adjoint (the fit configuration's `adjoint`): with 3
-parameters one batched solve in forward mode gives the gradient (of the
-computed solution, its step-size control included: 9e-7 relative from the
-checkpoint adjoint's, which holds the steps fixed); the default tools run
-both.
+epifit's default takes this density's gradient in forward mode over its
+3 free parameters (`epifit.ode.forward_gradient`: one solve carrying 3
+tangents, the gradient of the computed solution, its step-size control
+included; `epifit.sampling._density.forward_pays` says when);
+`epifit-forward` is epifit with the fit configuration's `adjoint =
+"forward"` (`ForwardAdjoint`: forward sensitivities with respect to the
+solve's own inputs, here also 3); the default tools run both.
 
 Each tool runs in its own process, chain after chain, and prints a line per
 finished chain, so a peer stopped at its time cap (`--cap`) is reported

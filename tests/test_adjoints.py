@@ -29,6 +29,7 @@ from epifit.ode import (
     PiecewiseConstant,
     SolverError,
     Tsit5,
+    forward_gradient,
     jacobian,
     solve,
 )
@@ -144,6 +145,44 @@ def test_forward_and_reverse_agree():
     ct = jnp.linspace(0.5, 1.5, SIR_TS.size)
     g_rev = jax.grad(lambda x: jnp.vdot(ct, traj(x)))(X_SIR)
     np.testing.assert_allclose(ct @ J, g_rev, rtol=1e-9)
+
+
+def _loss_xu(x, u):
+    return _sir_loss(x, CheckpointAdjoint(), u)
+
+
+def test_forward_gradient_is_the_gradient_with_no_backward_pass(monkeypatch):
+    """`forward_gradient(f)`: `f`'s value, its gradient (and Hessian, vmap)
+    from one batched forward-mode solve: the checkpoint adjoint's backward
+    pass is never traced. Where the second argument is differentiated too,
+    the derivative is `f`'s own (the adjoint's pull-back)."""
+    traced = []
+    backward = CheckpointAdjoint.segment_backward
+
+    def counted(self, *args):
+        traced.append(1)
+        return backward(self, *args)
+
+    monkeypatch.setattr(CheckpointAdjoint, "segment_backward", counted)
+    f = forward_gradient(_loss_xu)
+    np.testing.assert_allclose(f(X_SIR, SIR_U), _loss_xu(X_SIR, SIR_U), rtol=1e-14)
+    value, g = jax.jit(jax.value_and_grad(f))(X_SIR, SIR_U)
+    assert not traced
+    g_ref = jax.grad(_loss_xu)(X_SIR, SIR_U)
+    assert traced  # the reference went through the adjoint
+    np.testing.assert_allclose(value, _loss_xu(X_SIR, SIR_U), rtol=1e-14)
+    np.testing.assert_allclose(g, g_ref, rtol=1e-8)
+    xs = jnp.stack([X_SIR, 1.1 * X_SIR])
+    gs = jax.vmap(jax.grad(f), (0, None))(xs, SIR_U)
+    np.testing.assert_allclose(gs[1], jax.grad(_loss_xu)(xs[1], SIR_U), rtol=1e-8)
+    np.testing.assert_allclose(
+        jax.hessian(f)(X_SIR, SIR_U), jax.hessian(_loss_xu)(X_SIR, SIR_U), rtol=1e-7
+    )
+    gx, gu = jax.grad(f, argnums=(0, 1))(X_SIR, SIR_U)
+    gx_ref, gu_ref = jax.grad(_loss_xu, argnums=(0, 1))(X_SIR, SIR_U)
+    np.testing.assert_allclose(gx, gx_ref, rtol=1e-12)
+    np.testing.assert_allclose(gu, gu_ref, rtol=1e-12)
+    assert float(jnp.max(jnp.abs(gu))) > 0
 
 
 CHECKPOINT_VARIANTS = {

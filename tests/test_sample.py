@@ -87,9 +87,16 @@ def decay():
 
 
 @pytest.mark.slow
-def test_linear_gaussian_posterior_matches_the_closed_form(decay):
+@pytest.mark.parametrize("adjoint", [None, "checkpoint"])
+def test_linear_gaussian_posterior_matches_the_closed_form(decay, adjoint):
+    """With the default settings the density's gradient is taken in forward
+    mode (2 parameters, 2 states); a fit file's adjoint is obeyed."""
     fit, mean, cov = decay
-    post = epifit.sample(init=fit, chains=4, warmup=300, draws=500, progress=False)
+    config = None if adjoint is None else FIT | {"adjoint": adjoint}
+    post = epifit.sample(init=fit, fit=config, chains=4, warmup=300, draws=500,
+                         progress=False)  # fmt: skip
+    gradient = "forward" if adjoint is None else "adjoint"
+    assert post.data.posterior.attrs["gradient"] == gradient
     table = post.diagnostics()
     for i, p in enumerate(("A0", "B0")):
         row = table.loc[p]

@@ -13,6 +13,7 @@ from ._adjoint import forward_mode as forward_mode
 from ._errors import Result as Result
 from ._errors import SolverError as SolverError
 from ._inputs import PiecewiseConstant as PiecewiseConstant
+from ._jacobian import forward_gradient as forward_gradient
 from ._jacobian import jacobian as jacobian
 from ._solution import Solution as Solution
 from ._solve import solve as solve

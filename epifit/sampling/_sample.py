@@ -153,6 +153,7 @@ def _sample_from(start, roots, settings, method, n_workers, checkpoint, resume,
     sampling_s = time.perf_counter() - t0
     provenance = start["provenance"] | _method_attrs(method, n_workers)
     provenance["whitening"] = "none" if roots is None else "laplace"
+    provenance["gradient"] = density.gradient
     timing = _timing(results, sampling_s, time.perf_counter() - wall)
     idata = posterior_data(density, data_, results, settings, x_map=x_map,
                            provenance=provenance, timing=timing,
