@@ -28,12 +28,12 @@ def forward_pays(objective: Objective) -> bool:
     only with the default adjoint (a fit file's `adjoint` is obeyed), at
     most 16 free parameters, and free parameters times states at most 64.
 
-    Measured per `value_and_grad` of the objective (float64, one process):
-    boarding-school SIR, 3 parameters x 3 states, 0.16 ms forward against
-    0.27 ms reverse (checkpoint); SEIR 4 x 4: 0.12 against 0.20 ms;
-    SEIRD box-car 6 x 16: 0.17 against 0.19 ms (a tie); the 20-patch
-    metapopulation 3 x 320: 12 against 10.4 ms (reverse wins), 23 x 320:
-    72 against 12 ms. A NUTS run takes thousands of gradients, so the
+    Measured per `value_and_grad` of the objective (float64, `epifit.jit`,
+    one process): boarding-school SIR, 3 parameters x 3 states, 0.13 ms
+    forward against 0.24 ms reverse (checkpoint); SEIR 4 x 4: 0.11 against
+    0.18 ms; SEIRD box-car 6 x 16: 0.15 against 0.17 ms (about a tie); the
+    20-patch metapopulation 3 x 320: 12.0 against 10.0 ms (reverse wins),
+    23 x 320: 50 against 10.4 ms. A NUTS run takes thousands of gradients, so the
     per-gradient cost is what counts there; a calibration takes tens to
     hundreds, where the compile dominates, and keeps the adjoint."""
     if objective.settings.adjoint is not None:
