@@ -2,6 +2,8 @@
 `_adapt.py`): its warm-up is blackjax's window adaptation, transition by
 transition, whatever the chunking; a run compiles NUTS once."""
 
+from pathlib import Path
+
 import blackjax
 import jax
 import jax.numpy as jnp
@@ -155,3 +157,40 @@ def test_progress_counts_every_transition_and_checkpoints_follow_the_warmup():
               on_progress=seen.append)  # fmt: skip
     assert seen == [0, 10, 20, 30, 40, 50]
     assert snaps == [5, 15, 25]  # the chunk of transitions 20-29 ends the warm-up
+
+
+@pytest.mark.parametrize(
+    ("model", "fit", "forward"),
+    [
+        ("sir", {}, True),  # 3 free parameters x 3 states
+        ("sir", {"adjoint": "checkpoint"}, False),  # the fit file's adjoint
+        ("metapop", {}, False),  # 199 free parameters
+    ],
+)
+def test_the_density_takes_its_gradient_in_forward_mode_only_when_small(
+    model, fit, forward
+):
+    """`forward_pays`: forward mode with the default adjoint, at most 16 free
+    parameters and free parameters x states at most 64; `LogDensity.gradient`
+    says which. No solve: the rule reads the problem's sizes."""
+    import xarray as xr
+
+    from epifit.fitting import fit_config, resolve_fit
+    from epifit.model import load_model
+    from epifit.sampling._density import FORWARD_MAX_WORK, LogDensity, forward_pays
+    from epifit.simulation import Problem
+
+    root = Path(__file__).resolve().parents[1]
+    if model == "metapop":
+        spec, data = "seird_metapop_counts", "synthetic_metapop_20"
+    else:
+        spec, data = model, "boarding_school_1978"
+    ds = xr.open_dataset(root / "data" / f"{data}.nc").load()
+    problem = Problem(load_model(root / "models" / f"{spec}.toml"), ds)
+    objective = resolve_fit(problem, fit_config(fit)).objective
+    states = sum(problem.model.stages.values()) * problem.n_cells
+    assert objective.free.n == {"sir": 3, "metapop": 199}[model]
+    if model == "sir":
+        assert objective.free.n * states <= FORWARD_MAX_WORK
+    assert forward_pays(objective) is forward
+    assert LogDensity(objective).gradient == ("forward" if forward else "adjoint")
