@@ -16,7 +16,7 @@ Laplace approximation, numpyro at the MAP values (`init_to_value`).
 epifit's default takes this density's gradient in forward mode over its
 3 free parameters (`epifit.ode.forward_gradient`: one solve carrying 3
 tangents, the gradient of the computed solution, its step-size control
-included; `epifit.sampling._density.forward_pays` says when);
+included; `epifit.fitting.Objective.forward_pays` says when);
 `epifit-forward` is epifit with the fit configuration's `adjoint =
 "forward"` (`ForwardAdjoint`: forward sensitivities with respect to the
 solve's own inputs, here also 3); the default tools run both.

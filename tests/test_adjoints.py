@@ -171,12 +171,13 @@ def test_forward_gradient_is_the_gradient_with_no_backward_pass(monkeypatch):
     g_ref = jax.grad(_loss_xu)(X_SIR, SIR_U)
     assert traced  # the reference went through the adjoint
     np.testing.assert_allclose(value, _loss_xu(X_SIR, SIR_U), rtol=1e-14)
+    # forward mode also differentiates the step-size control: 3e-10, measured
     np.testing.assert_allclose(g, g_ref, rtol=1e-8)
     xs = jnp.stack([X_SIR, 1.1 * X_SIR])
     gs = jax.vmap(jax.grad(f), (0, None))(xs, SIR_U)
     np.testing.assert_allclose(gs[1], jax.grad(_loss_xu)(xs[1], SIR_U), rtol=1e-8)
     np.testing.assert_allclose(
-        jax.hessian(f)(X_SIR, SIR_U), jax.hessian(_loss_xu)(X_SIR, SIR_U), rtol=1e-7
+        jax.hessian(f)(X_SIR, SIR_U), jax.hessian(_loss_xu)(X_SIR, SIR_U), rtol=1e-8
     )
     gx, gu = jax.grad(f, argnums=(0, 1))(X_SIR, SIR_U)
     gx_ref, gu_ref = jax.grad(_loss_xu, argnums=(0, 1))(X_SIR, SIR_U)

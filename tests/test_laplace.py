@@ -250,3 +250,35 @@ def test_the_laplace_approximation_spans_the_mlp_under_its_prior(tmp_path):
     assert np.max(se[weights]) == pytest.approx(
         NEURAL_PRIOR_GAIN / np.sqrt(3.0), rel=0.5
     )
+
+
+def test_a_small_model_takes_its_hessian_forward_over_forward(monkeypatch):
+    """The boarding-school SIR (3 parameters x 3 states) with the default
+    adjoint: `data_hessian` forward over forward mode, no adjoint's backward
+    pass traced; the same Hessian as forward over reverse (the checkpoint
+    adjoint named in the settings) to the solver's tolerance (forward mode
+    also differentiates the step-size control)."""
+    from epifit.ode import CheckpointAdjoint
+
+    objective = _objective(PRIORS)
+    reverse = Objective(
+        objective.problem,
+        objective.free,
+        SolverSettings(rtol=1e-10, atol=1e-10, adjoint="checkpoint"),
+    )
+    assert objective.forward_pays and not reverse.forward_pays
+    traced = []
+    backward = CheckpointAdjoint.segment_backward
+
+    def counted(self, *args):
+        traced.append(1)
+        return backward(self, *args)
+
+    monkeypatch.setattr(CheckpointAdjoint, "segment_backward", counted)
+    data, x = objective.data(), jnp.asarray(INDEFINITE)
+    H = np.asarray(jax.jit(objective.data_hessian)(x, data))
+    assert not traced
+    H_rev = np.asarray(jax.jit(reverse.data_hessian)(x, data))
+    assert traced
+    # 5e-11 of the largest entry, measured
+    np.testing.assert_allclose(H, H_rev, rtol=1e-8, atol=1e-9 * np.abs(H).max())

@@ -170,14 +170,16 @@ def test_progress_counts_every_transition_and_checkpoints_follow_the_warmup():
 def test_the_density_takes_its_gradient_in_forward_mode_only_when_small(
     model, fit, forward
 ):
-    """`forward_pays`: forward mode with the default adjoint, at most 16 free
-    parameters and free parameters x states at most 64; `LogDensity.gradient`
-    says which. No solve: the rule reads the problem's sizes."""
+    """`Objective.forward_pays`: forward mode with the default adjoint, at
+    most 16 free parameters and free parameters x states at most 64;
+    `LogDensity.gradient` says which. No solve: the rule reads the problem's
+    sizes."""
     import xarray as xr
 
     from epifit.fitting import fit_config, resolve_fit
+    from epifit.fitting._objective import FORWARD_MAX_WORK
     from epifit.model import load_model
-    from epifit.sampling._density import FORWARD_MAX_WORK, LogDensity, forward_pays
+    from epifit.sampling._density import LogDensity
     from epifit.simulation import Problem
 
     root = Path(__file__).resolve().parents[1]
@@ -192,5 +194,5 @@ def test_the_density_takes_its_gradient_in_forward_mode_only_when_small(
     assert objective.free.n == {"sir": 3, "metapop": 199}[model]
     if model == "sir":
         assert objective.free.n * states <= FORWARD_MAX_WORK
-    assert forward_pays(objective) is forward
+    assert objective.forward_pays is forward
     assert LogDensity(objective).gradient == ("forward" if forward else "adjoint")

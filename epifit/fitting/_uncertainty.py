@@ -8,7 +8,8 @@ free parameter's negative log-prior, see `_priors.py`) at the MAP `x̂`:
 * `gauss_newton` (least squares): `H = 2 JᵀJ + 2 J_pᵀJ_p` with `J` the
   Jacobian of the data residuals `sqrt(w) (predicted - observed)` (forward
   sensitivities) and `J_p` that of the prior/penalty residuals.
-* `hessian`: `jax.hessian` of the loss (forward over reverse mode).
+* `hessian`: the Hessian of the loss (`Objective.data_hessian`: forward over
+  reverse mode, or forward over forward for small models).
 
 For least_squares observations the loss is a weighted sum of squares, not a
 likelihood: the residual variance is estimated as `s² = SSR / (n - p)` (`n`

@@ -12,36 +12,7 @@ from epifit.fitting import Objective
 from epifit.model import constrain, constrain_coefficients
 from epifit.ode import forward_gradient
 
-__all__ = ["FORWARD_MAX_WORK", "LogDensity", "Whitened", "forward_pays", "whitening"]
-
-FORWARD_MAX_PARAMETERS = 16
-FORWARD_MAX_WORK = 64
-"""The default gradient is forward mode where the free parameters number at
-most `FORWARD_MAX_PARAMETERS` and their count times the model's state size
-is at most `FORWARD_MAX_WORK` (see `forward_pays`)."""
-
-
-def forward_pays(objective: Objective) -> bool:
-    """Whether the sampler takes the density's gradient in forward mode
-    ([`forward_gradient`][epifit.ode.forward_gradient]: one solve carrying a
-    tangent per free parameter) rather than by the solver settings' adjoint:
-    only with the default adjoint (a fit file's `adjoint` is obeyed), at
-    most 16 free parameters, and free parameters times states at most 64.
-
-    Measured per `value_and_grad` of the objective (float64, `epifit.jit`,
-    one process): boarding-school SIR, 3 parameters x 3 states, 0.13 ms
-    forward against 0.24 ms reverse (checkpoint); SEIR 4 x 4: 0.11 against
-    0.18 ms; SEIRD box-car 6 x 16: 0.15 against 0.17 ms (about a tie); the
-    20-patch metapopulation 3 x 320: 12.0 against 10.0 ms (reverse wins),
-    23 x 320: 50 against 10.4 ms. A NUTS run takes thousands of gradients, so the
-    per-gradient cost is what counts there; a calibration takes tens to
-    hundreds, where the compile dominates, and keeps the adjoint."""
-    if objective.settings.adjoint is not None:
-        return False
-    problem = objective.problem
-    states = sum(problem.model.stages.values()) * problem.n_cells
-    n = objective.free.n
-    return n <= FORWARD_MAX_PARAMETERS and n * states <= FORWARD_MAX_WORK
+__all__ = ["LogDensity", "Whitened", "whitening"]
 
 
 class LogDensity:
@@ -59,8 +30,11 @@ class LogDensity:
     `docs/calibration.md`) needs no Jacobian.
 
     Its gradient is taken in forward mode where that is cheaper (a few
-    parameters and a small state, `forward_pays`), else by the solver
-    settings' adjoint; `gradient` says which (`"forward"` or `"adjoint"`).
+    parameters and a small state: `Objective.forward_pays`), else by the
+    solver settings' adjoint; `gradient` says which (`"forward"` or
+    `"adjoint"`). A NUTS run takes thousands of gradients, so their cost is
+    what counts; a calibration takes tens to hundreds, where the compile
+    (the same either way) dominates, and keeps the adjoint.
 
     Args:
         objective: the fit's objective (`epifit.fitting.Objective`).
@@ -68,7 +42,7 @@ class LogDensity:
 
     def __init__(self, objective: Objective):
         self.objective = objective
-        self.gradient = "forward" if forward_pays(objective) else "adjoint"
+        self.gradient = "forward" if objective.forward_pays else "adjoint"
         free = objective.free
         specs = {p.name: p for p in objective.problem.spec.parameters}
         self.jacobian_names = tuple(n for n in free.priors if n in specs)
