@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+from epifit._jit import jit, once_options
 from epifit.data import open_dataset
 from epifit.fitting import laplace, parse_fit_config
 from epifit.fitting._fallback import is_fallback
@@ -282,3 +283,10 @@ def test_a_small_model_takes_its_hessian_forward_over_forward(monkeypatch):
     assert traced
     # 5e-11 of the largest entry, measured
     np.testing.assert_allclose(H, H_rev, rtol=1e-8, atol=1e-9 * np.abs(H).max())
+    # `laplace` compiles it for its one evaluation (LLVM at level 0 on CPU):
+    # the same numbers
+    assert once_options().get("xla_backend_optimization_level") == (
+        0 if jax.default_backend() == "cpu" else None
+    )
+    H_once = np.asarray(jit(objective.data_hessian, once=True)(x, data))
+    np.testing.assert_allclose(H_once, H, rtol=1e-12)

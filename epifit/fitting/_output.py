@@ -62,7 +62,8 @@ def output_program(objective: Objective, *, solve: bool):
             def fit_outputs(x, se_x, z, data, ys):
                 return _outputs(objective, x, se_x, z, data, ys)
 
-        cache[solve] = jit(fit_outputs)
+        # evaluated once a fit: for a small model, compiled for that
+        cache[solve] = jit(fit_outputs, once=objective.forward_pays)
     return cache[solve]
 
 

@@ -138,9 +138,12 @@ def laplace(
         if estimate:
             s2 = ssr / dof if dof > 0 else math.nan
     elif method == "hessian":
-        # the data part is the expensive one (a solve); the penalty has none
-        Hd = np.asarray(jit(objective.data_hessian)(x, data), np.float64)
-        Hp = np.asarray(jit(objective.penalty_hessian)(x, data), np.float64)
+        # the data part is the expensive one (a solve); the penalty has none.
+        # Each is evaluated once: a small model's Hessian and the penalty's
+        # are compiled for that (`jit(once=True)`)
+        small = objective.forward_pays
+        Hd = np.asarray(jit(objective.data_hessian, once=small)(x, data), np.float64)
+        Hp = np.asarray(jit(objective.penalty_hessian, once=True)(x, data), np.float64)
         if estimate:
             if loss is None:
                 ssr = float(jit(objective.data_loss)(x, data))
