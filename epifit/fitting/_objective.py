@@ -100,8 +100,8 @@ class Objective:
     solve and one adjoint pass (the settings' adjoint); the Jacobian of the
     residuals one forward-sensitivity solve with `n` directions; the Hessian
     forward over reverse mode, `n` gradient passes (forward over forward,
-    one solve with `n²` tangents, where `forward_pays`). `compiled(name)` compiles a
-    method once per objective, batched over starting points.
+    one solve with `n²` tangents, where `forward_pays`). `compiled(name)`
+    compiles a method once per objective, batched over starting points.
 
     Args:
         problem: the model bound to its data (with observations).
