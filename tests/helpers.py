@@ -230,3 +230,20 @@ def params_from_flat(model: CompiledModel, p_flat: Any, n_patches: int) -> dict:
         raise ValueError(f"p_flat has {p.shape[0]} entries; the model uses {off}")
     params["beta"] = mlp
     return params
+
+
+def backward_traces(monkeypatch) -> list:
+    """A list that grows by one each time the checkpoint adjoint's backward
+    pass (`CheckpointAdjoint.segment_backward`) is traced: empty where a
+    derivative came from forward mode alone."""
+    from epifit.ode import CheckpointAdjoint
+
+    traced = []
+    backward = CheckpointAdjoint.segment_backward
+
+    def counted(self, *args):
+        traced.append(1)
+        return backward(self, *args)
+
+    monkeypatch.setattr(CheckpointAdjoint, "segment_backward", counted)
+    return traced

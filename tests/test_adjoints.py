@@ -9,6 +9,7 @@ checkpoint gradient.
 from __future__ import annotations
 
 import diffrax
+import helpers
 import jax
 import jax.extend.core
 import jax.numpy as jnp
@@ -156,14 +157,7 @@ def test_forward_gradient_is_the_gradient_with_no_backward_pass(monkeypatch):
     from one batched forward-mode solve: the checkpoint adjoint's backward
     pass is never traced. Where the second argument is differentiated too,
     the derivative is `f`'s own (the adjoint's pull-back)."""
-    traced = []
-    backward = CheckpointAdjoint.segment_backward
-
-    def counted(self, *args):
-        traced.append(1)
-        return backward(self, *args)
-
-    monkeypatch.setattr(CheckpointAdjoint, "segment_backward", counted)
+    traced = helpers.backward_traces(monkeypatch)
     f = forward_gradient(_loss_xu)
     np.testing.assert_allclose(f(X_SIR, SIR_U), _loss_xu(X_SIR, SIR_U), rtol=1e-14)
     value, g = jax.jit(jax.value_and_grad(f))(X_SIR, SIR_U)

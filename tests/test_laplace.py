@@ -6,6 +6,7 @@ used, never silently."""
 
 from pathlib import Path
 
+import helpers
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -259,8 +260,6 @@ def test_a_small_model_takes_its_hessian_forward_over_forward(monkeypatch):
     pass traced; the same Hessian as forward over reverse (the checkpoint
     adjoint named in the settings) to the solver's tolerance (forward mode
     also differentiates the step-size control)."""
-    from epifit.ode import CheckpointAdjoint
-
     objective = _objective(PRIORS)
     reverse = Objective(
         objective.problem,
@@ -268,14 +267,7 @@ def test_a_small_model_takes_its_hessian_forward_over_forward(monkeypatch):
         SolverSettings(rtol=1e-10, atol=1e-10, adjoint="checkpoint"),
     )
     assert objective.forward_pays and not reverse.forward_pays
-    traced = []
-    backward = CheckpointAdjoint.segment_backward
-
-    def counted(self, *args):
-        traced.append(1)
-        return backward(self, *args)
-
-    monkeypatch.setattr(CheckpointAdjoint, "segment_backward", counted)
+    traced = helpers.backward_traces(monkeypatch)
     data, x = objective.data(), jnp.asarray(INDEFINITE)
     H = np.asarray(jax.jit(objective.data_hessian)(x, data))
     assert not traced
