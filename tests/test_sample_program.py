@@ -190,9 +190,9 @@ def test_the_density_takes_its_gradient_in_forward_mode_only_when_small(
     ds = xr.open_dataset(root / "data" / f"{data}.nc").load()
     problem = Problem(load_model(root / "models" / f"{spec}.toml"), ds)
     objective = resolve_fit(problem, fit_config(fit)).objective
-    states = sum(problem.model.stages.values()) * problem.n_cells
     assert objective.free.n == {"sir": 3, "metapop": 199}[model]
+    assert problem.n_states == {"sir": 3, "metapop": 16 * 20}[model]
     if model == "sir":
-        assert objective.free.n * states <= FORWARD_MAX_WORK
+        assert objective.free.n * problem.n_states <= FORWARD_MAX_WORK
     assert objective.forward_pays is forward
     assert LogDensity(objective).gradient == ("forward" if forward else "adjoint")

@@ -235,10 +235,11 @@ class Objective:
         s forward over reverse, evaluated in 0.5-0.8 against 2.5-3.5 ms."""
         if self.settings.adjoint is not None:
             return False
-        problem = self.problem
-        states = sum(problem.model.stages.values()) * problem.n_cells
         n = self.free.n
-        return n <= FORWARD_MAX_PARAMETERS and n * states <= FORWARD_MAX_WORK
+        return (
+            n <= FORWARD_MAX_PARAMETERS
+            and n * self.problem.n_states <= FORWARD_MAX_WORK
+        )
 
     def data_hessian(self, x, data):
         """The Hessian of `data_loss`: forward over forward mode where

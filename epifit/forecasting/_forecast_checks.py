@@ -37,7 +37,7 @@ def _horizon(
     if horizon.n_days < 2:
         raise ValueError("A forecast needs at least 2 days in all; give days >= 1.")
     k, p = 1 + int(samples), problem.n_cells
-    state = sum(problem.model.stages.values()) * p
+    state = problem.n_states
     noisy = n_noisy * (k + NOISE_SAMPLES)  # at most, by ceil(NOISE_SAMPLES / k)
     rows = f"{k} draws x {n_series} series"
     rows = f"({rows} + {noisy} noisy samples)" if noisy else rows

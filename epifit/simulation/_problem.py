@@ -174,6 +174,12 @@ class Problem:
         self.model = self.model.bind_patches(self.n_patches)
         self.n_cells = self.n_patches * self.model.n_strata
 
+    @property
+    def n_states(self) -> int:
+        """The size of a solve's state: every compartment's stages in every
+        cell."""
+        return sum(self.model.stages.values()) * self.n_cells
+
     # ------------------------------------------------------------------ solving
     @property
     def spec(self) -> ModelSpec:
