@@ -85,7 +85,11 @@ def _compile_times(problem, init, a, phase) -> dict:
     try:
         for key, fn, args in (
             ("grad", epifit.jit(objective.value_and_grad), (x0, data)),
-            ("chunk", optimizer._chunk_fn(0), (template, data, np.int32(1))),
+            (
+                "chunk",
+                optimizer._chunk_fn(0),
+                (template, data, np.int32(1), np.int32(0)),
+            ),
         ):
             t = time.perf_counter()
             lowered = fn.lower(*args)

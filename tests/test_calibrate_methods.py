@@ -8,9 +8,10 @@ import optax
 import pytest
 from test_calibrate_robust import Toy
 
+from epifit.fitting._chunk import GRADIENT, LOSS
 from epifit.fitting._config import PhaseConfig, parse_phases
 from epifit.fitting._methods import make_method
-from epifit.fitting._optimize import GRADIENT, LOSS, OptimizeOptions, Optimizer
+from epifit.fitting._optimize import OptimizeOptions, Optimizer
 from epifit.fitting._progress import ProgressBar, progress_enabled
 
 TARGET = np.array([1.0, -2.0, 0.5])
@@ -208,3 +209,32 @@ def test_lbfgs_backtracking_trials_are_not_iterations():
     assert np.all(np.diff(np.concatenate([rec["initial_loss"], loss])) < 0)
     assert np.all(step > 0)
     assert len(calls) > rec["iteration"] + 1  # rejected trials, the start
+
+
+def test_phases_in_one_program_step_as_each_alone():
+    """Adam then L-BFGS run in one compiled program (the phase an argument,
+    one evaluation site): each phase takes the steps it takes run alone from
+    the same point, with its own stopping rule (L-BFGS's tolerance here)."""
+    adam = {"method": "adam", "iterations": 40, "learning_rate": 0.05}
+    lbfgs = {"method": "lbfgs", "iterations": 200, "tolerance": 1e-3}
+    x0 = jnp.asarray([[-1.2, 1.0], [0.5, 0.5]])
+    both = Optimizer(Toy(rosenbrock), parse_phases([adam, lbfgs]), OptimizeOptions())
+    assert len(both._chunks) == 0 and set(both.members) == {"trial"}
+    out = both.run(x0, None)
+    assert len([k for k in both._chunks if k != ("init", 0) and k != ("init", 1)]) == 1
+    first = Optimizer(Toy(rosenbrock), parse_phases([adam]), OptimizeOptions())
+    a = first.run(x0, None)
+    second = Optimizer(Toy(rosenbrock), parse_phases([lbfgs]), OptimizeOptions())
+    b = second.run(a["carry"].x, None)
+    for s in range(2):
+        for key in ("loss", "grad_norm", "step"):
+            np.testing.assert_array_equal(
+                out["record"]["history"][key][s],
+                np.concatenate(
+                    [a["record"]["history"][key][s], b["record"]["history"][key][s]]
+                ),
+            )
+    np.testing.assert_array_equal(out["carry"].x, b["carry"].x)
+    assert out["record"]["statuses"][1] == b["record"]["statuses"][0] == [GRADIENT] * 2
+    # the L-BFGS phase stopped on its own tolerance, well before its budget
+    assert len(b["record"]["history"]["loss"][0]) < 200

@@ -9,14 +9,9 @@ import numpy as np
 import pytest
 
 import epifit
+from epifit.fitting._chunk import GRADIENT, LOSS, NONFINITE
 from epifit.fitting._config import PhaseConfig
-from epifit.fitting._optimize import (
-    GRADIENT,
-    LOSS,
-    NONFINITE,
-    OptimizeOptions,
-    Optimizer,
-)
+from epifit.fitting._optimize import OptimizeOptions, Optimizer
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "data" / "boarding_school_1978.nc"
@@ -141,16 +136,22 @@ def test_non_finite_start_is_an_error(tmp_path):
         epifit.calibrate(model, DATA, optimizer="adam", progress=False)
 
 
-@pytest.mark.parametrize("phase", [ADAM, LBFGS, LM], ids=lambda p: p.method)
-def test_each_phase_compiles_its_chunk_once(phase):
+@pytest.mark.parametrize(
+    "phases",
+    [[ADAM], [LBFGS], [LM], [ADAM, LBFGS]],
+    ids=lambda ps: "+".join(p.method for p in ps),
+)
+def test_each_phase_compiles_its_chunk_once(phases):
     """Chunks after the first reuse the first's executable: the phase's
     initial state has the types the chunk returns (optax's L-BFGS starts its
     line-search info weakly typed, which once compiled every L-BFGS chunk
-    function twice)."""
+    function twice); Adam then L-BFGS run the one program of both."""
     rosenbrock = lambda x: jnp.stack([10 * (x[1] - x[0] ** 2), 1 - x[0]])  # noqa: E731
     opt = Optimizer(
-        Toy(rosenbrock), [phase], OptimizeOptions(tolerance=1e-12, chunk_size=3)
+        Toy(rosenbrock), phases, OptimizeOptions(tolerance=1e-12, chunk_size=3)
     )
     out = opt.run(jnp.asarray([[-1.2, 1.0], [0.5, 0.5]]), None)
     assert out["record"]["iteration"] > 6  # several chunks ran
-    assert opt._chunks[0]._cache_size() == 1
+    assert out["record"]["phase"] == len(phases)
+    assert opt._chunk_fn(len(phases) - 1) is opt._chunk_fn(0)
+    assert opt._chunk_fn(0)._cache_size() == 1

@@ -132,8 +132,11 @@ def test_init_params_compiles_nothing():
         (["lbfgs"], 2),
         # the residuals and Jacobian at the start, the initialisation, the chunk
         (["levenberg_marquardt"], 3),
-        # one initialisation and one chunk per phase
-        (["adam", "lbfgs"], 4),
+        # one initialisation per phase, one chunk for both (trial methods)
+        (["adam", "lbfgs"], 3),
+        # Adam's and L-BFGS's initialisations and their one chunk; the
+        # Levenberg-Marquardt phase's Jacobian, initialisation and chunk
+        (["adam", "levenberg_marquardt", "lbfgs"], 6),
     ],
 )
 def test_optimizer_compiles_one_program_per_phase_kind(sir, methods, programs):
@@ -142,11 +145,14 @@ def test_optimizer_compiles_one_program_per_phase_kind(sir, methods, programs):
     with count_compiles() as n:
         out = optimizer.run(xs, data)
     assert out["record"]["iteration"] > 0
+    assert out["record"]["phase"] == len(methods)  # every phase ran
     assert n[0] == programs
     # each chunk and initialisation traced once: one dispatch entry each
     # (NumPy leaves in a first call and device arrays later would make two)
+    lm = methods.count("levenberg_marquardt")
+    chunks = lm + (lm < len(methods))  # LM's own, one for the others
     assert [fn._cache_size() for fn in optimizer._chunks.values()] == [1] * (
-        2 * len(methods)
+        len(methods) + chunks
     )
     # the same optimiser again (e.g. a second start batch): nothing new
     with count_compiles() as n:
@@ -154,8 +160,8 @@ def test_optimizer_compiles_one_program_per_phase_kind(sir, methods, programs):
     assert n[0] == 0
 
 
-def _chunk_and_evaluation_copies(problem, method, evaluation, monkeypatch):
-    setup, data, xs = _setup(problem, [method])
+def _chunk_and_evaluation_copies(problem, methods, evaluation, monkeypatch):
+    setup, data, xs = _setup(problem, methods)
     objective = setup.objective
     optimizer = Optimizer(objective, setup.phases, setup.options)
     template = optimizer.template(0, xs, data)
@@ -163,7 +169,7 @@ def _chunk_and_evaluation_copies(problem, method, evaluation, monkeypatch):
         jit(getattr(objective, evaluation)).lower(objective.free.x0, data)
     one = n[0]
     with count_vector_fields(monkeypatch) as n:
-        optimizer._chunk_fn(0).lower(template, data, np.int32(1))
+        optimizer._chunk_fn(0).lower(template, data, np.int32(1), np.int32(0))
     return n[0], one
 
 
@@ -173,13 +179,17 @@ def _chunk_and_evaluation_copies(problem, method, evaluation, monkeypatch):
         ("adam", "value_and_grad"),
         ("levenberg_marquardt", "residuals_and_jacobian"),
         ("lbfgs", "value_and_grad"),
+        # the two phases' program: one evaluation between their switches
+        ("adam,lbfgs", "value_and_grad"),
     ],
 )
 def test_chunk_holds_one_evaluation_site(sir, method, evaluation, monkeypatch):
     """The compiled chunk of a phase traces the vector field as often as one
     evaluation of its objective does: one copy of `value_and_grad` (or of the
-    residual Jacobian) whatever the chunk size."""
-    chunk, one = _chunk_and_evaluation_copies(sir, method, evaluation, monkeypatch)
+    residual Jacobian) whatever the chunk size and the number of phases."""
+    chunk, one = _chunk_and_evaluation_copies(
+        sir, method.split(","), evaluation, monkeypatch
+    )
     assert one > 0
     assert chunk == one
 

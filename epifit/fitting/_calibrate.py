@@ -32,17 +32,11 @@ from epifit.fitting._checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
+from epifit.fitting._chunk import GRADIENT, LOSS, NONFINITE, STATUS, Carry
 from epifit.fitting._config import FitConfig, PhasesLike
 from epifit.fitting._diagnose import NonFiniteStartError, explain_nonfinite
 from epifit.fitting._information import fit_information
-from epifit.fitting._optimize import (
-    GRADIENT,
-    LOSS,
-    NONFINITE,
-    STATUS,
-    Carry,
-    Optimizer,
-)
+from epifit.fitting._optimize import Optimizer
 from epifit.fitting._output import (
     check_solve,
     coefficients,

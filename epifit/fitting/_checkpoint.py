@@ -37,7 +37,7 @@ __all__ = [
     "save_checkpoint",
 ]
 
-FORMAT = 1
+FORMAT = 2  # 2: a carry holds the method state of every phase of its program
 # Test hook: called as `_hook(tmp_path)` after the first half of a checkpoint
 # has been written to its temporary file (the SIGKILL-mid-write test uses it).
 _hook: Callable[[Path], None] | None = None

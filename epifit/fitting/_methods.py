@@ -42,6 +42,7 @@ __all__ = [
     "LBFGS",
     "LevenbergMarquardt",
     "StepInfo",
+    "TrialMethod",
     "make_method",
 ]
 
@@ -64,7 +65,10 @@ class AbstractMethod(eqx.Module):
 
     A method with `evaluates_start` takes `step(..., fresh=...)`: with
     `fresh`, the phase's first trip evaluates the starting point itself (so
-    a first phase needs no program of its own for it)."""
+    a first phase needs no program of its own for it). Such a method is a
+    [`TrialMethod`][]: its step is a trial point, one evaluation there, and
+    the update from it, so that the driver can run several such phases in one
+    compiled program with one evaluation site."""
 
     evaluates_start: ClassVar[bool] = False
 
@@ -95,26 +99,51 @@ class AbstractLeastSquaresMethod(AbstractMethod):
         return self.init_from_jacobian(x, r, J)
 
 
-class FirstOrder(AbstractMethod):
-    """An optax first-order transformation; `x <- x + scale * update`."""
+class TrialMethod(AbstractMethod):
+    """A method whose trip is a trial point, one `value_and_grad` there, and
+    the update from it: `step` is `propose`, the evaluation, `accept`. The
+    driver runs every phase of such methods in one compiled program
+    (`lax.switch` over the phases' `propose` and `accept`, the evaluation
+    between them shared)."""
+
+    evaluates_start: ClassVar[bool] = True
+
+    @abc.abstractmethod
+    def propose(self, x, f, g, state, scale, fresh) -> tuple[Any, Any]:
+        """`(x_t, state)`: the trial point (`x` itself when `fresh`) and the
+        state to pass to `accept`."""
+
+    @abc.abstractmethod
+    def accept(self, x, f, g, state, scale, fresh, x_t, f_t, g_t):
+        """`(x, f, g, state, StepInfo)` after the trial `(x_t, f_t, g_t)`."""
+
+    def step(self, x, f, g, state, scale, fun, data, fresh=False):
+        x_t, state = self.propose(x, f, g, state, scale, fresh)
+        f_t, g_t = fun.value_and_grad(x_t, data)
+        return self.accept(x, f, g, state, scale, fresh, x_t, f_t, g_t)
+
+
+class FirstOrder(TrialMethod):
+    """An optax first-order transformation; `x <- x + scale * update`. With
+    `fresh` (the phase's first evaluation) no step is taken: the loss and
+    gradient at `x` come back (one call site of the gradient in the compiled
+    loop either way)."""
 
     transform: optax.GradientTransformation = eqx.field(static=True)
-    evaluates_start: ClassVar[bool] = True
 
     def init(self, x, f, g, fun, data):
         return self.transform.init(x), f, g
 
-    def step(self, x, f, g, state, scale, fun, data, fresh=False):
-        """One step; with `fresh` (the phase's first evaluation) no step is
-        taken: the loss and gradient at `x` come back (one call site of the
-        gradient in the compiled loop either way)."""
+    def propose(self, x, f, g, state, scale, fresh):
         u, new = self.transform.update(g, state, x)
         x_new = jnp.where(fresh, x, x + scale * u)
         state = jax.tree.map(lambda a, b: jnp.where(fresh, a, b), state, new)
-        f_new, g_new = fun.value_and_grad(x_new, data)
-        nonfinite = ~_finite(f_new, g_new)
+        return x_new, state
+
+    def accept(self, x, f, g, state, scale, fresh, x_t, f_t, g_t):
+        nonfinite = ~_finite(f_t, g_t)
         info = StepInfo(nonfinite, jnp.asarray(False), jnp.asarray(True))
-        return x_new, f_new, g_new, state, info
+        return x_t, f_t, g_t, state, info
 
 
 class LBFGSState(NamedTuple):
@@ -132,7 +161,7 @@ class LBFGSState(NamedTuple):
     rejected: jax.Array  # trials rejected in a row along d
 
 
-class LBFGS(AbstractMethod):
+class LBFGS(TrialMethod):
     """L-BFGS as a step function: one evaluation of `value_and_grad` per loop
     trip, at the trial point `x + t d`.
 
@@ -158,7 +187,6 @@ class LBFGS(AbstractMethod):
     memory_size: int = eqx.field(static=True, default=10)
     max_linesearch_steps: int = eqx.field(static=True, default=30)
     c1: float = eqx.field(static=True, default=1e-4)
-    evaluates_start: ClassVar[bool] = True
 
     def _direction(self, g, s, y, rho, count, gamma):
         """`-H g` by the two-loop recursion (newest pair first)."""
@@ -197,13 +225,18 @@ class LBFGS(AbstractMethod):
         )
         return state, f, g
 
-    def step(self, x, f, g, state, scale, fun, data, fresh=False):
-        """One trial; with `fresh` (the phase's first evaluation) the trial is
-        `x` itself, accepted when finite, and the first direction is set."""
+    def _trial_step(self, state, fresh):
+        return jnp.where(fresh, jnp.zeros_like(state.t), state.t)
+
+    def propose(self, x, f, g, state, scale, fresh):
+        """The trial `x + t d`; with `fresh` (the phase's first evaluation)
+        the trial is `x` itself, accepted when finite, and the first
+        direction is set."""
+        return x + self._trial_step(state, jnp.asarray(fresh)) * state.d, state
+
+    def accept(self, x, f, g, state, scale, fresh, x_t, f_t, g_t):
         st, fresh = state, jnp.asarray(fresh)
-        t = jnp.where(fresh, jnp.zeros_like(st.t), st.t)
-        x_t = x + t * st.d
-        f_t, g_t = fun.value_and_grad(x_t, data)
+        t = self._trial_step(st, fresh)
         finite = _finite(f_t, g_t)
         gd = jnp.dot(g, st.d)
         accept = finite & (fresh | (f_t <= f + self.c1 * t * gd))

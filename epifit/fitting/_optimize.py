@@ -1,14 +1,19 @@
 """The optimiser loop: phases of methods, run jitted in chunks of iterations.
 
-Each phase compiles one function that runs up to `k` iterations of its method
-inside a `lax.while_loop` (for every start: one after another on CPU, batched
-by `vmap` elsewhere; see `epifit._vmap.default_group`) and records the
-loss, gradient norm and step of each iteration. Between chunks the host updates
-the progress bar, writes checkpoints and checks the time budget. Chunk sizes
-adapt to the cost of an iteration (about one chunk per `target_seconds`) but
-never change the numbers: an iteration is the same compiled computation
-whichever chunk it falls in, so a run resumed from a checkpoint reproduces an
-uninterrupted one exactly.
+A compiled chunk runs up to `k` iterations of a phase's method inside a
+`lax.while_loop` (for every start: one after another on CPU, batched by
+`vmap` elsewhere; see `epifit._vmap.default_group`) and records the loss,
+gradient norm and step of each iteration. Every phase of a trial method
+(first-order, L-BFGS: `TrialMethod`) runs in one program: the phase is an
+argument, a `lax.switch` picks its trial point and its update, and the one
+`value_and_grad` between them is shared, so that a fit of Adam then L-BFGS
+compiles its objective's gradient once. The carry holds the state of every
+phase of its program. A Levenberg-Marquardt phase has a program of its own.
+Between chunks the host updates the progress bar, writes checkpoints and
+checks the time budget. Chunk sizes adapt to the cost of an iteration (about
+one chunk per `target_seconds`) but never change the numbers: an iteration
+is the same compiled computation whichever chunk it falls in, so a run
+resumed from a checkpoint reproduces an uninterrupted one exactly.
 
 An iteration is one trip of the loop (one evaluation of the objective) that
 the method counts (`StepInfo.counted`): every trip of the first-order methods
@@ -38,18 +43,26 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from epifit._jit import jit
 from epifit._vmap import vmap_batch
+from epifit.fitting._chunk import (
+    CAPACITY,
+    NONFINITE,
+    RUNNING,
+    STATUS,
+    Carry,
+    make_chunk,
+    put_state,
+)
 from epifit.fitting._config import PhaseConfig
 from epifit.fitting._diagnose import NonFiniteStartError
 from epifit.fitting._methods import (
     AbstractLeastSquaresMethod,
-    AbstractMethod,
+    TrialMethod,
     make_method,
 )
 from epifit.fitting._record import append_history, new_record
@@ -61,32 +74,6 @@ __all__ = [
     "Optimizer",
     "STATUS",
 ]
-
-RUNNING, GRADIENT, LOSS, NONFINITE = 0, 1, 2, 3
-STATUS = {
-    RUNNING: "running",
-    GRADIENT: "gradient below tolerance",
-    LOSS: "loss change below tolerance",
-    NONFINITE: "non-finite loss or gradient persisted",
-}
-CAPACITY = 256  # the most iterations one compiled chunk runs (history buffer)
-
-
-class Carry(eqx.Module):
-    """The state of one start between iterations (batched over starts)."""
-
-    x: jax.Array
-    f: jax.Array
-    g: jax.Array
-    state: Any
-    scale: jax.Array  # retreat factor applied to steps (1 = full steps)
-    n_bad: jax.Array  # consecutive rejected steps
-    n_flat: jax.Array  # consecutive iterations with a small loss change
-    iteration: jax.Array  # iterations done in this phase
-    status: jax.Array
-    fresh: jax.Array  # (`evaluates_start` methods) not evaluated yet: evaluate, no step
-    best_x: jax.Array  # the point of the lowest finite loss seen (all phases)
-    best_f: jax.Array  # that loss (inf before the first finite one)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,11 +128,20 @@ class Optimizer:
         self.group = getattr(fun, "group", None)
         self.phases = tuple(phases)
         self.methods = [make_method(p) for p in self.phases]
+        # the phases of each compiled program: every trial-method phase in
+        # one, each other phase in its own; `slot[p]`: (program, index)
+        self.members: dict[Any, list[int]] = {}
+        self.slot: dict[int, tuple[Any, int]] = {}
+        for p, method in enumerate(self.methods):
+            key = "trial" if isinstance(method, TrialMethod) else p
+            self.slot[p] = (key, len(self.members.setdefault(key, [])))
+            self.members[key].append(p)
         self.options = options
         self.progress = progress
         self.checkpoint = checkpoint
         self.checkpoint_every = checkpoint_every
-        self._chunks: dict[Any, Callable] = {}  # chunk (p) and init (("init", p))
+        # chunk (program key) and initialisation (("init", p))
+        self._chunks: dict[Any, Callable] = {}
 
     # -- compiled pieces --------------------------------------------------------------
     def evaluate(self, xs, data):
@@ -195,100 +191,19 @@ class Optimizer:
         return self._chunks[key]
 
     def _chunk_fn(self, p: int):
-        if p in self._chunks:
-            return self._chunks[p]
-        method: AbstractMethod = self.methods[p]
-        fun = self.fun
-        gtol, ftol, patience = _phase_settings(self.phases[p], self.options)
-        max_retreats = self.options.max_retreats
-
-        evaluates_start = method.evaluates_start
-
-        def iterate(c: Carry, data) -> tuple[Carry, tuple]:
-            kw = {"fresh": c.fresh} if evaluates_start else {}
-            x, f, g, state, info = method.step(
-                c.x, c.f, c.g, c.state, c.scale, fun, data, **kw
+        """The compiled chunk of phase `p`'s program: `(carry, data, n_end,
+        j)`, `j` the phase's index among the program's (`slot[p][1]`)."""
+        key = self.slot[p][0]
+        if key not in self._chunks:
+            phases = self.members[key]
+            self._chunks[key] = make_chunk(
+                [self.methods[q] for q in phases],
+                [_phase_settings(self.phases[q], self.options) for q in phases],
+                self.fun,
+                self.options.max_retreats,
+                self.group,
             )
-            f_eval, g_eval, state_eval = f, g, state
-            bad = info.nonfinite
-            # a trip that is not an iteration (an L-BFGS backtracking trial)
-            # leaves the iteration count and the patience as they were
-            counted = jnp.asarray(info.counted)
-            keep = lambda new, old: jnp.where(bad, old, new)  # noqa: E731
-            x, f, g = keep(x, c.x), keep(f, c.f), keep(g, c.g)
-            fallback = method.on_nonfinite(c.state, state, c.x)
-            state = jax.tree.map(keep, state, fallback)
-            scale = jnp.where(bad, 0.5 * c.scale, jnp.minimum(1.0, 2.0 * c.scale))
-            n_bad = jnp.where(bad, c.n_bad + 1, 0)
-            size = jnp.maximum(1.0, jnp.abs(f))
-            flat = jnp.abs(c.f - f) <= ftol * size
-            n_flat = jnp.where(
-                bad | ~counted, c.n_flat, jnp.where(flat, c.n_flat + 1, 0)
-            )
-            gnorm = jnp.max(jnp.abs(g)) if g.size else jnp.zeros((), f.dtype)
-            status = jnp.where(
-                n_bad >= max_retreats,
-                NONFINITE,
-                jnp.where(
-                    ~bad & (gnorm <= gtol * size),
-                    GRADIENT,
-                    jnp.where(
-                        (n_flat >= patience) | info.stuck,
-                        LOSS,
-                        RUNNING,
-                    ),
-                ),
-            ).astype(jnp.int32)
-            step = jnp.sqrt(jnp.sum(jnp.square(x - c.x)))
-            best = (c.best_x, c.best_f)
-            it = c.iteration + counted.astype(c.iteration.dtype)
-            new = Carry(
-                x, f, g, state, scale, n_bad, n_flat, it, status, c.fresh, *best
-            )
-            if evaluates_start:
-                # the first evaluation of a phase: the loss and gradient at x,
-                # no step, no iteration counted; the method's state from them
-                initial = Carry(
-                    c.x,
-                    f_eval,
-                    g_eval,
-                    state_eval,
-                    c.scale,
-                    c.n_bad,
-                    c.n_flat,
-                    c.iteration,
-                    jnp.where(bad, NONFINITE, RUNNING).astype(jnp.int32),
-                    jnp.zeros_like(c.fresh),
-                    *best,
-                )
-                new = jax.tree.map(lambda a, b: jnp.where(c.fresh, a, b), initial, new)
-            return _track_best(c, new), (f, gnorm, step)
-
-        def run(c: Carry, data, n_end):
-            start = c.iteration
-            dt = c.f.dtype
-            buf = (
-                jnp.full((CAPACITY,), jnp.nan, dt),
-                jnp.full((CAPACITY,), jnp.nan, dt),
-                jnp.full((CAPACITY,), jnp.nan, dt),
-            )
-
-            def cond(s):
-                c, _ = s
-                return (c.status == RUNNING) & ((c.iteration < n_end) | c.fresh)
-
-            def body(s):
-                c, buf = s
-                i = c.iteration - start
-                c, rec = iterate(c, data)
-                buf = tuple(b.at[i].set(v) for b, v in zip(buf, rec, strict=True))
-                return c, buf
-
-            return jax.lax.while_loop(cond, body, (c, buf))
-
-        fn = jit(vmap_batch(run, in_axes=(0, None, None), group=self.group))
-        self._chunks[p] = fn
-        return fn
+        return self._chunks[key]
 
     # -- the host loop ---------------------------------------------------------------
     def start_phase(
@@ -303,18 +218,28 @@ class Optimizer:
         abstract: bool = False,
         fresh: bool = False,
         best: tuple | None = None,
+        states: tuple | None = None,
     ) -> Carry:
         """The carry at the start of phase `p`; `best`: the `(best_x, best_f)`
         of the phases before (default: the starting point, where its loss is
-        finite). Built in NumPy (`abstract`: traced, in `jax.numpy`): setting
-        up a phase compiles nothing but its method's initialisation."""
+        finite); `states`: the program's method states from the phase before
+        when it ran in the same program (default: zeros). Built in NumPy
+        (`abstract`: traced, in `jax.numpy`): setting up a phase compiles
+        nothing but its method's initialisation."""
         xp = jnp if abstract else np
         n = x.shape[0]
         if fresh:  # evaluated by the phase's first chunk
             f = jax.device_put(np.full((n,), np.inf, x.dtype))
             g = jax.device_put(np.zeros(x.shape, x.dtype))
             alive = np.ones((n,), bool)
+        key, j = self.slot[p]
+        if states is None:
+            states = tuple(
+                None if i == j else self._blank(q, x, data, abstract)
+                for i, q in enumerate(self.members[key])
+            )
         state, f, g = self._init(p, x, f, g, data, abstract=abstract)
+        state = put_state(states, j, state)
         if alive is None:
             alive = _finite(f, g)
         dt = x.dtype
@@ -339,12 +264,34 @@ class Optimizer:
             )
         )
 
+    def _blank(self, q: int, x, data, abstract: bool):
+        """Zeros in the structure of phase `q`'s method state (its slot in
+        the program's carry before the phase starts)."""
+        n = x.shape[0]
+        f, g = np.zeros((n,), x.dtype), np.zeros(x.shape, x.dtype)
+        shapes = jax.eval_shape(
+            lambda x: self._init(q, x, f, g, data, abstract=True)[0], x
+        )
+        xp = jnp if abstract else np
+        return jax.tree.map(lambda s: xp.zeros(s.shape, s.dtype), shapes)
+
     def _next_phase(self, p: int, carry: Carry, data) -> Carry:
         """The carry at the start of phase `p` from the last phase's: the
-        starts that failed there stay stopped, the best point seen carries on."""
+        starts that failed there stay stopped, the best point seen carries on,
+        and so do the method states when both phases run in one program."""
         alive = np.asarray(carry.status) != NONFINITE
         best = (carry.best_x, carry.best_f)
-        return self.start_phase(p, carry.x, carry.f, carry.g, data, alive, best=best)
+        same = self.slot[p][0] == self.slot[p - 1][0]
+        return self.start_phase(
+            p,
+            carry.x,
+            carry.f,
+            carry.g,
+            data,
+            alive,
+            best=best,
+            states=carry.state if same else None,
+        )
 
     def template(self, p: int, xs, data) -> Carry:
         """The structure of a phase's carry (for restoring checkpoints)."""
@@ -376,7 +323,8 @@ class Optimizer:
             if first.evaluates_start:
                 # the first chunk's executable evaluates the starting points
                 carry = self.start_phase(0, xs, None, None, data, fresh=True)
-                carry, _ = self._chunk_fn(0)(carry, data, np.int32(0))
+                j = np.int32(self.slot[0][1])
+                carry, _ = self._chunk_fn(0)(carry, data, np.int32(0), j)
             elif isinstance(first, AbstractLeastSquaresMethod):
                 # its initialisation evaluates the residuals and Jacobian
                 carry = self.start_phase(0, xs, None, None, data)
@@ -404,6 +352,7 @@ class Optimizer:
                 carry = self._next_phase(p, carry, data)
                 rec["phase"], rec["phase_iteration"] = p, 0
             run_chunk = self._chunk_fn(p)
+            j = np.int32(self.slot[p][1])
             if self.progress is not None:
                 self.progress.phase(p, phase, rec)
             while True:
@@ -418,7 +367,7 @@ class Optimizer:
                 before = np.asarray(carry.iteration)
                 t = time.perf_counter()
                 n_end = np.int32(rec["phase_iteration"] + k)
-                carry, buf = run_chunk(carry, data, n_end)
+                carry, buf = run_chunk(carry, data, n_end, j)
                 counts = np.asarray(carry.iteration) - before
                 seconds = time.perf_counter() - t
                 done = int(counts.max())
@@ -455,19 +404,6 @@ class Optimizer:
             rec["phase"] = len(self.phases)
         rec["elapsed"] = t_offset + time.perf_counter() - t0
         return dict(carry=carry, record=rec, stop_reason=stop_reason)
-
-
-def _track_best(old: Carry, new: Carry) -> Carry:
-    """`new` with the best point seen updated from its `(x, f)`."""
-    improved = jnp.isfinite(new.f) & (new.f < old.best_f)
-    return eqx.tree_at(
-        lambda c: (c.best_x, c.best_f),
-        new,
-        (
-            jnp.where(improved, new.x, old.best_x),
-            jnp.where(improved, new.f, old.best_f),
-        ),
-    )
 
 
 def _strong(tree):

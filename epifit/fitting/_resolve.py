@@ -15,6 +15,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from epifit.fitting._chunk import CAPACITY
 from epifit.fitting._config import (
     SETTINGS,
     FitConfig,
@@ -29,7 +30,7 @@ from epifit.fitting._config import (
 )
 from epifit.fitting._methods import AbstractLeastSquaresMethod, make_method
 from epifit.fitting._objective import Objective
-from epifit.fitting._optimize import CAPACITY, OptimizeOptions
+from epifit.fitting._optimize import OptimizeOptions
 from epifit.fitting._overrides import apply_overrides
 from epifit.fitting._parameters import (
     AbstractGaussianPrior,
