@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import epifit.fitting._objective as objective_module
 from epifit._jit import jit, once_options
 from epifit.data import open_dataset
 from epifit.fitting import laplace, parse_fit_config
 from epifit.fitting._fallback import is_fallback
-from epifit.fitting._objective import Objective
+from epifit.fitting._objective import HESSIAN_MAP_MAX_WORK, Objective
 from epifit.fitting._parameters import FreeParameters
 from epifit.fitting._priors import NEURAL_PRIOR_GAIN
 from epifit.fitting._uncertainty import _inverse, _posterior, parameter_table
@@ -282,3 +283,53 @@ def test_a_small_model_takes_its_hessian_forward_over_forward(monkeypatch):
     )
     H_once = np.asarray(jit(objective.data_hessian, once=True)(x, data))
     np.testing.assert_allclose(H_once, H, rtol=1e-12)
+
+
+def test_forward_over_reverse_hessian_one_column_at_a_time(monkeypatch):
+    """Forward over reverse mode (the checkpoint adjoint named): up to
+    `HESSIAN_MAP_MAX_WORK` free parameters x states one Hessian-vector
+    product at a time (`lax.map`), batched above it; both are the columns of
+    `jax.jacfwd(jax.grad(data_loss))`, and a finite-difference Hessian's."""
+    base = _objective(PRIORS)
+    objective = Objective(
+        base.problem,
+        base.free,
+        SolverSettings(rtol=1e-10, atol=1e-10, adjoint="checkpoint"),
+    )
+    assert not objective.forward_pays
+    assert objective.free.n * objective.problem.n_states <= HESSIAN_MAP_MAX_WORK
+    maps = []
+    lax_map = jax.lax.map
+
+    def spy(f, xs, **kw):
+        maps.append(xs.shape)
+        return lax_map(f, xs, **kw)
+
+    monkeypatch.setattr(jax.lax, "map", spy)
+    data, x = objective.data(), jnp.asarray(INDEFINITE)
+    H = np.asarray(jax.jit(objective.data_hessian)(x, data))
+    assert maps == [(3, 3)]  # one product a trip over the 3 unit vectors
+    H_ref = np.asarray(jax.jit(jax.jacfwd(jax.grad(objective.data_loss)))(x, data))
+    np.testing.assert_allclose(H, H_ref, rtol=1e-12, atol=1e-12 * np.abs(H).max())
+    # batched above the bound (no loop over the vectors): the same columns
+    monkeypatch.setattr(objective_module, "HESSIAN_MAP_MAX_WORK", 0)
+    H_batched = np.asarray(jax.jit(objective.data_hessian)(x, data))
+    assert maps == [(3, 3)]
+    np.testing.assert_allclose(
+        H_batched, H_ref, rtol=1e-12, atol=1e-12 * np.abs(H).max()
+    )
+    # central differences of the gradient, step 1e-5
+    grad = jax.jit(jax.grad(objective.data_loss))
+    eye = np.eye(x.size)
+    fd = np.stack(
+        [
+            (
+                np.asarray(grad(x + 1e-5 * e, data))
+                - np.asarray(grad(x - 1e-5 * e, data))
+            )
+            / 2e-5
+            for e in eye
+        ],
+        axis=1,
+    )
+    np.testing.assert_allclose(H, fd, rtol=1e-5, atol=1e-6 * np.abs(H).max())
