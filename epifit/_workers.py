@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["THREAD_VARS", "XLA_FLAGS", "cpu_cores", "single_threaded_env"]
+__all__ = [
+    "THREAD_VARS",
+    "XLA_FLAGS",
+    "cpu_cores",
+    "single_threaded_env",
+    "thread_workers",
+]
 
 # no multi-threaded Eigen and one intra-op thread per XLA CPU client, so that
 # N workers use N cores, not N x N threads (epifit.batch.worker_env uses it too)
@@ -30,3 +36,13 @@ def cpu_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - macOS, Windows
         return os.cpu_count() or 1
+
+
+def thread_workers() -> int:
+    """How many threads a host-side split of one computation may use: the
+    cores this process may run on, or one where XLA is limited to one thread
+    (`single_threaded_env`: a worker of a batch, one of several on the
+    machine)."""
+    if "intra_op_parallelism_threads=1" in os.environ.get("XLA_FLAGS", ""):
+        return 1
+    return cpu_cores()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import xarray as xr
 
+import epifit.fitting._hessian as hessian_module
 import epifit.fitting._objective as objective_module
 from epifit._jit import jit, once_options
 from epifit.data import open_dataset
@@ -311,10 +312,16 @@ def test_forward_over_reverse_hessian_one_column_at_a_time(monkeypatch):
     assert maps == [(3, 3)]  # one product a trip over the 3 unit vectors
     H_ref = np.asarray(jax.jit(jax.jacfwd(jax.grad(objective.data_loss)))(x, data))
     np.testing.assert_allclose(H, H_ref, rtol=1e-12, atol=1e-12 * np.abs(H).max())
+    # the Laplace step's evaluation: the unit vectors split between threads
+    # (two blocks of two, a zero vector padding the second): the same bits
+    monkeypatch.setattr(hessian_module, "thread_workers", lambda: 2)
+    np.testing.assert_array_equal(hessian_module.data_hessian_at(objective, x, data), H)
+    assert maps[1:] == [(2, 3)]
     # batched above the bound (no loop over the vectors): the same columns
+    maps.clear()
     monkeypatch.setattr(objective_module, "HESSIAN_MAP_MAX_WORK", 0)
     H_batched = np.asarray(jax.jit(objective.data_hessian)(x, data))
-    assert maps == [(3, 3)]
+    assert maps == []
     np.testing.assert_allclose(
         H_batched, H_ref, rtol=1e-12, atol=1e-12 * np.abs(H).max()
     )
@@ -333,3 +340,14 @@ def test_forward_over_reverse_hessian_one_column_at_a_time(monkeypatch):
         axis=1,
     )
     np.testing.assert_allclose(H, fd, rtol=1e-5, atol=1e-6 * np.abs(H).max())
+
+
+def test_a_batch_worker_takes_its_hessian_in_one_thread(monkeypatch):
+    """Where XLA is limited to one thread (`single_threaded_env`, a batch
+    worker's), the Laplace step does not split its Hessian between threads."""
+    from epifit._workers import cpu_cores, single_threaded_env, thread_workers
+
+    monkeypatch.setenv("XLA_FLAGS", single_threaded_env()["XLA_FLAGS"])
+    assert thread_workers() == 1
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert thread_workers() == cpu_cores()

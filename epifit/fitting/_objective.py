@@ -274,14 +274,27 @@ class Objective:
         if self.forward_pays:
             with forward_mode():
                 return jax.jacfwd(jax.jacfwd(self.data_loss))(x, data)
-        n = self.free.n
-        if n * self.problem.n_states > HESSIAN_MAP_MAX_WORK:
+        if not self.hessian_by_columns:
             return jax.jacfwd(jax.grad(self.data_loss))(x, data)
+        return self.hessian_columns(x, jnp.eye(self.free.n, dtype=x.dtype), data).T
+
+    @property
+    def hessian_by_columns(self) -> bool:
+        """Whether `data_hessian` is forward over reverse one Hessian-vector
+        product at a time (`hessian_columns`; see `data_hessian`)."""
+        n_work = self.free.n * self.problem.n_states
+        return not self.forward_pays and n_work <= HESSIAN_MAP_MAX_WORK
+
+    def hessian_columns(self, x, vectors, data):
+        """`H v` of `data_loss` for each row `v` of `vectors (k, n)`, forward
+        over reverse mode one product at a time (`lax.map`): `(k, n)`. The
+        Laplace step splits the unit vectors between threads
+        (`epifit.fitting._hessian`)."""
 
         def column(v):
             return jax.jvp(lambda x: jax.grad(self.data_loss)(x, data), (x,), (v,))[1]
 
-        return jax.lax.map(column, jnp.eye(n, dtype=x.dtype)).T
+        return jax.lax.map(column, vectors)
 
     def penalty_hessian(self, x, data):
         """The Hessian of `penalty`."""

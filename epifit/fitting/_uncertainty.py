@@ -49,6 +49,7 @@ import numpy as np
 
 from epifit._jit import jit
 from epifit.fitting._fallback import FALLBACK
+from epifit.fitting._hessian import data_hessian_at
 from epifit.fitting._objective import Objective
 from epifit.fitting._parameters import time_labels
 from epifit.model import constrain, constrain_coefficients
@@ -141,8 +142,7 @@ def laplace(
         # the data part is the expensive one (a solve); the penalty has none.
         # Each is evaluated once: a small model's Hessian and the penalty's
         # are compiled for that (`jit(once=True)`)
-        small = objective.forward_pays
-        Hd = np.asarray(jit(objective.data_hessian, once=small)(x, data), np.float64)
+        Hd = data_hessian_at(objective, x, data)
         Hp = np.asarray(jit(objective.penalty_hessian, once=True)(x, data), np.float64)
         if estimate:
             if loss is None:
