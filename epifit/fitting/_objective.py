@@ -287,9 +287,9 @@ class Objective:
 
     def hessian_columns(self, x, vectors, data):
         """`H v` of `data_loss` for each row `v` of `vectors (k, n)`, forward
-        over reverse mode one product at a time (`lax.map`): `(k, n)`. The
-        Laplace step splits the unit vectors between threads
-        (`epifit.fitting._hessian`)."""
+        over reverse mode one product at a time (`lax.map`): `(k, n)`. On a
+        CPU with several cores the Laplace step splits the unit vectors
+        between threads, each evaluating this program on its block."""
 
         def column(v):
             return jax.jvp(lambda x: jax.grad(self.data_loss)(x, data), (x,), (v,))[1]
