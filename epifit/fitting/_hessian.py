@@ -34,7 +34,7 @@ def data_hessian_at(objective: Objective, x, data) -> np.ndarray:
         return np.asarray(fn(x, data), np.float64)
     workers = min(workers, n)
     size = -(-n // workers)
-    vectors = np.zeros((workers * size, n), np.asarray(x).dtype)
+    vectors = np.zeros((workers * size, n), x.dtype)
     vectors[:n] = np.eye(n)
     blocks = [
         jax.device_put(vectors[i * size : (i + 1) * size]) for i in range(workers)

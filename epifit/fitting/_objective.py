@@ -34,18 +34,18 @@ from epifit.model import ObservationSpec
 from epifit.ode import forward_mode, jacobian
 from epifit.simulation import Problem, SolverSettings
 
-__all__ = ["FAMILIES", "FORWARD_MAX_PARAMETERS", "FORWARD_MAX_WORK", "Objective",
-           "observation_model"]  # fmt: skip
+__all__ = ["FAMILIES", "FORWARD_MAX_PARAMETERS", "FORWARD_MAX_WORK",
+           "HESSIAN_MAP_MAX_WORK", "Objective", "observation_model"]  # fmt: skip
 
 FORWARD_MAX_PARAMETERS = 16
 FORWARD_MAX_WORK = 64
-# `data_hessian` forward over reverse one Hessian-vector product at a time
-# (`lax.map`) up to this many free parameters x states, batched (`vmap`)
-# above: see `Objective.data_hessian`
-HESSIAN_MAP_MAX_WORK = 65536
 """Derivatives in forward mode where the free parameters number at most
 `FORWARD_MAX_PARAMETERS` and their count times the model's state size is at
 most `FORWARD_MAX_WORK` (see `Objective.forward_pays`)."""
+HESSIAN_MAP_MAX_WORK = 65536
+"""`data_hessian` forward over reverse one Hessian-vector product at a time
+(`lax.map`) up to this many free parameters x states, batched (`vmap`)
+above (see `Objective.data_hessian`)."""
 
 FAMILIES: dict[str, type[AbstractObservationModel]] = {
     "least_squares": Gaussian,
@@ -265,12 +265,12 @@ class Objective:
         step, whose evaluation at the fitted point takes longer) the wall
         was 23.5 and 23.9 s one at a time against 24.0 and 25.0 s in one
         batch of 199 and 24.8 and 25.3 s in a `lax.map` of batches of 16
-        (alternating). The columns
-        are those of `jax.jacfwd(jax.grad(...))` to 1e-14; `jax.hessian`'s
-        (forward over `jax.jacrev`, whose pull-back is batched over one
-        cotangent) differ by 2e-4 of the largest entry there, within the
-        solve's own error (the matrix is asymmetric by 1.5e-3 at that
-        tolerance; the Laplace approximation symmetrises it)."""
+        (alternating). The columns are those of
+        `jax.jacfwd(jax.grad(...))` to 1e-14; `jax.hessian`'s (forward over
+        `jax.jacrev`, whose pull-back is batched over one cotangent) differ
+        by 2e-4 of the largest entry there, within the solve's own error
+        (the matrix is asymmetric by 1.5e-3 at that tolerance; the Laplace
+        approximation symmetrises it)."""
         if self.forward_pays:
             with forward_mode():
                 return jax.jacfwd(jax.jacfwd(self.data_loss))(x, data)

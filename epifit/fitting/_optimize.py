@@ -53,7 +53,6 @@ from epifit.fitting._chunk import (
     CAPACITY,
     NONFINITE,
     RUNNING,
-    STATUS,
     Carry,
     make_chunk,
     put_state,
@@ -72,7 +71,6 @@ __all__ = [
     "NonFiniteStartError",
     "OptimizeOptions",
     "Optimizer",
-    "STATUS",
 ]
 
 
