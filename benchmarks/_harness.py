@@ -69,6 +69,33 @@ def median_time(fn, args, repeats: int, budget_s: float = 60.0):
     return statistics.median(times), out, n
 
 
+def interleaved_medians(fns, args, repeats: int, budget_s: float = 60.0):
+    """Median wall times of each `fn(*args)` of `fns`, timed in alternation.
+
+    After one warm call each, `fns` run one after another in rounds (at most
+    `repeats`, fewer where the warm calls say the rounds would exceed
+    `budget_s`), so that a ratio of two medians compares calls made under the
+    same machine state: the loss of the reference problem, timed alone, moved
+    by 20% from one process to the next (8 against 10 ms) and with it the
+    gradient's ratio to it. Returns `(medians, outputs, rounds)`.
+    """
+    import jax
+
+    outs, first = [], 0.0
+    for fn in fns:
+        t = time.perf_counter()
+        outs.append(jax.block_until_ready(fn(*args)))
+        first += time.perf_counter() - t
+    n = max(1, min(repeats, int(budget_s / max(first, 1e-9))))
+    times = [[] for _ in fns]
+    for _ in range(n):
+        for i, fn in enumerate(fns):
+            t = time.perf_counter()
+            outs[i] = jax.block_until_ready(fn(*args))
+            times[i].append(time.perf_counter() - t)
+    return [statistics.median(ts) for ts in times], outs, n
+
+
 def run_worker(script: Path, argv: list[str], timeout_s: float) -> dict:
     """Run `script --worker ...` in a fresh process and parse its last JSON line."""
     cmd = [sys.executable, str(script), *argv]
