@@ -123,6 +123,25 @@ def test_init_params_compiles_nothing():
         assert np.std(np.asarray(layer.weight)) > 0.2 * lim
 
 
+@pytest.mark.parametrize("files", [SIR, NEURAL], ids=["sir", "neural"])
+def test_a_fit_from_files_compiles_no_eager_operation(files):
+    """A fit from the model and data files, as the CLI runs it: binding the
+    data, the free vector and the start are set up in NumPy (`epifit._flat`,
+    `jax.device_put`), so XLA compiles the optimiser's initialisation, its
+    chunk and the output program, and no eager operation's program (the
+    data's transfers, `ravel_pytree`'s reshapes and concatenation, the start's
+    batch axis each compiled one before)."""
+    with compiled_names() as names:
+        result = calibrate(
+            *files,
+            optimizer={"method": "adam", "iterations": 1},
+            uncertainty=False,
+            progress=False,
+        )
+    assert names == ["jit(call)", "jit(call)", "jit(fit_outputs)"]
+    assert np.isfinite(result.loss)
+
+
 @pytest.mark.parametrize(
     "methods, programs",
     [

@@ -20,9 +20,9 @@ import jax.numpy as jnp
 import jax.random as jr
 import jax.tree_util as jtu
 import numpy as np
-from jax.flatten_util import ravel_pytree
 from jaxtyping import Array, Float
 
+from epifit._flat import ravel
 from epifit._toml import read_values_file
 from epifit.fitting._config import FitConfig, FitConfigError
 from epifit.fitting._priors import (
@@ -134,7 +134,9 @@ class FreeParameters:
         free, rest = eqx.partition(params, mask)
         self.problem = problem
         self.template = params
-        self.x0, self._unravel = ravel_pytree(free)
+        # in NumPy: no program compiled for the set-up (epifit/_flat.py)
+        flat, self._unravel = ravel(free)
+        self.x0 = jax.device_put(flat)
         self.rest, self._static = eqx.partition(rest, eqx.is_array)
         self.n = int(self.x0.size)
         labels, names = problem_labels(problem, free)
@@ -201,7 +203,7 @@ class FreeParameters:
     def flatten(self, params) -> Float[Array, " n"]:
         """The free vector of a parameter pytree of the same structure."""
         free, _ = eqx.partition(params, self.problem.model.free_mask(params))
-        return ravel_pytree(free)[0]
+        return ravel(free)[0]
 
     def penalty(self, x, rest) -> Float[Array, ""]:
         """Negative log-prior plus L2 penalties (0 when there are none), the
@@ -261,7 +263,7 @@ class FreeParameters:
         `draw > 0` gives a further, independent set of perturbations from the
         same seed (for starts drawn again)."""
         if n_starts == 1:
-            return x0[None, :]
+            return jax.device_put(np.asarray(x0)[None, :])
         key = jr.key(seed) if draw == 0 else jr.fold_in(jr.key(seed), draw)
         noise = jr.normal(key, (n_starts - 1, self.n), x0.dtype)
         return jnp.concatenate([x0[None, :], x0[None, :] + perturbation * noise])

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import equinox as eqx
+import jax
 import numpy as np
 import xarray as xr
-from jax.flatten_util import ravel_pytree
 
+from epifit._flat import ravel
 from epifit._paths import file_sha256
 from epifit.data import PATCH, TIME, DataError, open_dataset
 from epifit.fitting._config import parse_fit_config
@@ -380,14 +381,15 @@ def _stored_params(ds: xr.Dataset, where, compiled, n_patches: int):
     """The fitted parameter pytree from the stored coefficients."""
     template = compiled.init_params(n_patches)
     arrays, static = eqx.partition(template, eqx.is_inexact_array)
-    flat, unravel = ravel_pytree(arrays)
+    flat, unravel = ravel(arrays)  # NumPy: no program compiled
     coefficients = np.asarray(ds["coefficients"].values, np.float64)
     if coefficients.size != flat.size:
         raise DataError(
             f"{where} holds {coefficients.size} coefficients; model "
             f"'{compiled.spec.name}' with {n_patches} patches has {flat.size}."
         )
-    params = eqx.combine(unravel(np.asarray(coefficients, flat.dtype)), static)
+    leaves = jax.tree.map(jax.device_put, unravel(coefficients.astype(flat.dtype)))
+    params = eqx.combine(leaves, static)
     return params, coefficients
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import jax
 import numpy as np
 import xarray as xr
-from jax.flatten_util import ravel_pytree
 
+from epifit._flat import ravel
 from epifit._paths import file_sha256
 from epifit.data import FEATURE
 from epifit.fitting import FitResult, problem_labels
@@ -353,7 +353,7 @@ def _draws(problem: Problem, template, fit_obj, cov, samples, seed, posterior):
     against the fit's parameter labels, for a fit): from `posterior` (a
     sample of `epifit sample`) when given, else from the Laplace
     approximation; and the attributes saying which."""
-    x_hat = np.asarray(ravel_pytree(template[0])[0], np.float64)
+    x_hat = np.asarray(ravel(template[0])[0], np.float64)
     labels, _ = problem_labels(problem, template[0])
     if fit_obj is not None and tuple(labels) != tuple(fit_obj.labels):
         raise ValueError(

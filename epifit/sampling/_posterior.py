@@ -110,7 +110,7 @@ def posterior_data(
     xs = np.stack([r["positions"] for r in results])  # (chain, draw, n)
     C, D, n = xs.shape
     fn = _values_fn(density)
-    parts = [fn(jnp.asarray(xs[c]), data) for c in range(C)]
+    parts = [fn(jax.device_put(xs[c]), data) for c in range(C)]
     values, preds, lls, noise = (
         jax.tree.map(lambda *a: np.stack([np.asarray(v) for v in a]), *col)
         for col in zip(*parts, strict=True)

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import jax.numpy as jnp
+import jax
 import numpy as np
 
 from epifit.fitting import FitResult, calibrate, fit_config, resolve_fit
@@ -146,7 +146,7 @@ def _sample_from(start, roots, settings, method, n_workers, checkpoint, resume,
     t0 = time.perf_counter()
     with _bars(progress, settings) as bar:
         results = _run_chains(method, n_workers, run_density, settings,
-                              run_starts.astype(x_map.dtype), jnp.asarray(imm0),
+                              run_starts.astype(x_map.dtype), jax.device_put(imm0),
                               store, bar)  # fmt: skip
     if roots is not None:
         results = [_unwhitened(r, x_map, roots[0]) for r in results]

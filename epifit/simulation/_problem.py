@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import xarray as xr
@@ -200,7 +201,7 @@ class Problem:
             "mask": dict(self.mask),
         }
         if self.dates is not None:
-            arrays["weekday"] = jnp.asarray(weekday_of(self.dates))
+            arrays["weekday"] = jax.device_put(weekday_of(self.dates))
         return arrays
 
     def solve(
@@ -428,8 +429,9 @@ def _observation_arrays(bound, observations, stamps, dt) -> tuple[dict, dict]:
         if PATCH not in dims:
             obs, mask = obs[:, None], mask[:, None]
         obs, mask = cell_observed(obs), cell_observed(mask)
-        observed[name] = jnp.asarray(obs, dt)
-        masks[name] = jnp.asarray(mask)
+        # device_put, not jnp.asarray: no program compiled for the transfer
+        observed[name] = jax.device_put(np.asarray(obs, dt))
+        masks[name] = jax.device_put(np.asarray(mask))
     return observed, masks
 
 
