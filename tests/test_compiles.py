@@ -142,6 +142,20 @@ def test_a_fit_from_files_compiles_no_eager_operation(files):
     assert np.isfinite(result.loss)
 
 
+def test_a_forecast_compiles_its_ensemble_program_and_no_transfers(sir):
+    """A forecast of a fit compiles its ensemble program once, and no program
+    for raveling the free vector, putting the samples and scenario data on
+    the device or slicing them into chunks (NumPy, `jax.device_put`)."""
+    from epifit.forecasting import forecast
+
+    fit = calibrate(sir, optimizer={"method": "lbfgs", "iterations": 5}, progress=False)
+    with compiled_names() as names:
+        forecast(fit, days=7, samples=6, chunk_size=4)
+    assert names.count("jit(call)") == 1
+    moved = ("stage", "reshape", "concatenate", "convert_element_type", "slice")
+    assert not [n for n in names if any(m in n for m in moved)], names
+
+
 @pytest.mark.parametrize(
     "methods, programs",
     [

@@ -416,14 +416,15 @@ def iter_ensemble(
     C = min(C, K)
     pad = (-K) % C
     xs = np.concatenate([xs, np.repeat(xs[-1:], pad, axis=0)]) if pad else xs
-    xs = jnp.asarray(xs, cfg.dtype)
-    template = jax.tree.map(lambda a: jnp.asarray(a, cfg.dtype), template)
+    # NumPy on the host, chunks put on the device: no eager slicing programs
+    xs = np.asarray(xs, cfg.dtype)
+    template = jax.tree.map(_device(cfg.dtype), template)
     for data in scenarios:
         data = jax.tree.map(_device(cfg.dtype), data)
         out: dict[str, np.ndarray] = {}
         results = np.zeros(K, np.int64)
         for k in range(0, K + pad, C):
-            series, result = fn(xs[k : k + C], template, data)
+            series, result = fn(jax.device_put(xs[k : k + C]), template, data)
             n = min(C, K - k)
             for name, a in series.items():
                 if name not in out:  # filled chunk by chunk: no copies
@@ -463,7 +464,7 @@ def _device(dtype: str):
     def to(a):
         a = np.asarray(a)
         if np.issubdtype(a.dtype, np.floating):
-            return jnp.asarray(a, dtype)
-        return jnp.asarray(a)
+            a = a.astype(dtype)
+        return jax.device_put(a)  # not jnp.asarray: no program compiled
 
     return to
