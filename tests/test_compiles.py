@@ -142,6 +142,25 @@ def test_a_fit_from_files_compiles_no_eager_operation(files):
     assert np.isfinite(result.loss)
 
 
+def test_several_starts_are_screened_by_the_fit_own_first_evaluation(sir):
+    """A multi-start fit checks its starting points with the optimiser's
+    first evaluation (the first chunk, `Optimizer.first_carry`), not with a
+    loss program of their own, and goes on from that evaluation."""
+    with compiled_names() as names:
+        result = calibrate(
+            sir,
+            optimizer={"method": "adam", "iterations": 2},
+            n_starts=3,
+            uncertainty=False,
+            progress=False,
+        )
+    # the seeded perturbations (JAX's generator), then the fit's programs
+    *draws, init, chunk, outputs = names
+    assert set(draws) <= {"jit(stage)", "jit(_threefry_seed)", "jit(_normal)"}
+    assert [init, chunk, outputs] == ["jit(call)", "jit(call)", "jit(fit_outputs)"]
+    assert len(result.start_losses) == 3 and np.isfinite(result.loss)
+
+
 def test_a_forecast_compiles_its_ensemble_program_and_no_transfers(sir):
     """A forecast of a fit compiles its ensemble program once, and no program
     for raveling the free vector, putting the samples and scenario data on

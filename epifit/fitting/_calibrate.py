@@ -149,10 +149,11 @@ def calibrate(
         problem, config, init=init, values=values, solver=solver, adjoint=adjoint
     )
     data = setup.objective.data()
-    xs, redraws = _starts(setup, data)
+    opt = Optimizer(setup.objective, setup.phases, setup.options)
+    xs, redraws, first = _starts(setup, opt, data)
     settings = setup.record(redraws, xs.dtype)
-    optimizer_, resumed = _optimizer(setup, xs, data, settings, checkpoint, resume)
-    out, optimize_s = _optimize(optimizer_, xs, data, resumed, progress, setup, problem)
+    resumed = _checkpointing(opt, setup, xs, data, settings, checkpoint, resume)
+    out, optimize_s = _optimize(opt, xs, data, resumed, progress, setup, problem, first)
     outcome = _outcome(out, setup)  # best_start, converged, message
     fields, numbers = _fit_result(setup, out, outcome["best_start"], xs, data)
     _check_ranges(setup.problem, numbers, outcome)
@@ -188,14 +189,25 @@ def _bind(model_or_problem, data) -> Problem:
     return Problem(model_or_problem, data)
 
 
-def _starts(setup: FitSetup, data):
-    """The starting points `(start, n)` and how often each was drawn again."""
+def _starts(setup: FitSetup, optimizer: Optimizer, data):
+    """The starting points `(start, n)`, how often each was drawn again, and
+    their evaluated first carry (None for one start: the run evaluates it).
+    Several starts are screened by the optimiser's own first evaluation
+    (`Optimizer.first_carry`), so no loss program is compiled for them, and
+    the run goes on from the carry of the points kept."""
     free, n = setup.free, setup.n_starts
-    return finite_starts(
+    last = {}
+
+    def loss(xs, data):
+        last["carry"] = optimizer.first_carry(xs, data)
+        return np.asarray(last["carry"].f)
+
+    xs, redraws = finite_starts(
         lambda d: free.starts(free.x0, n, setup.perturbation, setup.seed, d),
-        setup.objective.compiled("loss") if n > 1 else None,
+        loss if n > 1 else None,
         data,
     )
+    return xs, redraws, last.get("carry")
 
 
 def finite_starts(draw, loss, data):
@@ -229,9 +241,11 @@ def finite_starts(draw, loss, data):
     return xs, redraws
 
 
-def _optimizer(setup: FitSetup, xs, data, settings: dict, checkpoint, resume: bool):
-    """The optimiser, saving checkpoints to `checkpoint` (every
-    `checkpoint_every` iterations, default 50), and the state to resume from
+def _checkpointing(
+    optimizer: Optimizer, setup: FitSetup, xs, data, settings: dict, checkpoint, resume
+):
+    """`optimizer` set to save checkpoints to `checkpoint` (every
+    `checkpoint_every` iterations, default 50); the state to resume from
     (None: start afresh)."""
     every = setup.config.checkpoint_every
     if checkpoint is not None:
@@ -248,21 +262,15 @@ def _optimizer(setup: FitSetup, xs, data, settings: dict, checkpoint, resume: bo
         def save(snapshot):
             save_checkpoint(checkpoint, snapshot["carry"], snapshot["record"], key)
 
-    optimizer = Optimizer(
-        setup.objective,
-        setup.phases,
-        setup.options,
-        checkpoint=save,
-        checkpoint_every=every,
-    )
+    optimizer.checkpoint, optimizer.checkpoint_every = save, every
     if not resume:
-        return optimizer, None
+        return None
     if not checkpoint.exists():
         print(
             f"epifit: no checkpoint {checkpoint} yet; starting from the beginning",
             file=sys.stderr,
         )
-        return optimizer, None
+        return None
     remove_stale_temporaries(checkpoint)
     p = checkpoint_phase(checkpoint)
     if p >= len(setup.phases):
@@ -270,23 +278,25 @@ def _optimizer(setup: FitSetup, xs, data, settings: dict, checkpoint, resume: bo
             f"Checkpoint {checkpoint} is for phase {p + 1}, but this fit has "
             f"{len(setup.phases)} phase(s). Delete it to start afresh."
         )
-    return optimizer, load_checkpoint(checkpoint, optimizer.template(p, xs, data), key)
+    return load_checkpoint(checkpoint, optimizer.template(p, xs, data), key)
 
 
 def _optimize(
-    optimizer: Optimizer, xs, data, resumed, progress, setup: FitSetup, problem
+    optimizer: Optimizer, xs, data, resumed, progress, setup: FitSetup, problem, first
 ):
-    """Run the phases, with a progress bar when `progress` says so; the run's
-    output and its seconds. A loss not finite at any start is an error saying
-    why at the first (parameters named against `problem`, before overrides)."""
+    """Run the phases (from `first`, the starts' evaluated carry, if given),
+    with a progress bar when `progress` says so; the run's output and its
+    seconds. A loss not finite at any start is an error saying why at the
+    first (parameters named against `problem`, before overrides)."""
     t = time.perf_counter()
+    first = None if resumed is not None else first
     try:
         if progress_enabled(progress):
             with ProgressBar(setup.phases, n_starts=setup.n_starts) as bar:
                 optimizer.progress = bar
-                out = optimizer.run(xs, data, resume=resumed)
+                out = optimizer.run(xs, data, resume=resumed, first=first)
         else:
-            out = optimizer.run(xs, data, resume=resumed)
+            out = optimizer.run(xs, data, resume=resumed, first=first)
     except NonFiniteStartError as e:
         why = explain_nonfinite(setup.objective, xs[0], data, problem)
         raise NonFiniteStartError(

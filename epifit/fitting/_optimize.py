@@ -304,8 +304,33 @@ class Optimizer:
             xs,
         )
 
-    def run(self, xs, data, *, resume: dict | None = None) -> dict:
-        """Optimise from starting points `xs (start, n)`.
+    def first_carry(self, xs, data) -> Carry:
+        """The carry of the first phase at starting points `xs`, evaluated
+        (the loss, its gradient and the method's state at every start; a
+        start whose loss or gradient is not finite has loss `inf` or NaN and
+        is marked `NONFINITE`), by a program the run compiles anyway: the
+        first chunk for a method that evaluates its start, the method's
+        initialisation for least squares, else `value_and_grad`. `run(xs,
+        data, first=...)` goes on from it without evaluating the starts
+        again, so a caller that screens its starts (`finite_starts`)
+        compiles no program of its own for it."""
+        first = self.methods[0]
+        if first.evaluates_start:
+            # the first chunk's executable evaluates the starting points
+            carry = self.start_phase(0, xs, None, None, data, fresh=True)
+            j = np.int32(self.slot[0][1])
+            return self._chunk_fn(0)(carry, data, np.int32(0), j)[0]
+        if isinstance(first, AbstractLeastSquaresMethod):
+            # its initialisation evaluates the residuals and Jacobian
+            return self.start_phase(0, xs, None, None, data)
+        f, g = self.evaluate(xs, data)
+        return self.start_phase(0, xs, f, g, data)
+
+    def run(
+        self, xs, data, *, resume: dict | None = None, first: Carry | None = None
+    ) -> dict:
+        """Optimise from starting points `xs (start, n)` (`first`: their
+        evaluated carry, from [`first_carry`][] at the same `xs`).
 
         Returns `{"carry", "record", "stop_reason"}`: the final state of every
         start, the record (per-start histories of loss, gradient norm and step,
@@ -317,18 +342,7 @@ class Optimizer:
         t0 = time.perf_counter()
         n_starts = xs.shape[0]
         if resume is None:
-            first = self.methods[0]
-            if first.evaluates_start:
-                # the first chunk's executable evaluates the starting points
-                carry = self.start_phase(0, xs, None, None, data, fresh=True)
-                j = np.int32(self.slot[0][1])
-                carry, _ = self._chunk_fn(0)(carry, data, np.int32(0), j)
-            elif isinstance(first, AbstractLeastSquaresMethod):
-                # its initialisation evaluates the residuals and Jacobian
-                carry = self.start_phase(0, xs, None, None, data)
-            else:
-                f, g = self.evaluate(xs, data)
-                carry = self.start_phase(0, xs, f, g, data)
+            carry = self.first_carry(xs, data) if first is None else first
             f_np = np.asarray(carry.f)
             if not (np.asarray(carry.status) == RUNNING).any():
                 raise NonFiniteStartError(

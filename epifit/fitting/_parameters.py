@@ -265,8 +265,10 @@ class FreeParameters:
         if n_starts == 1:
             return jax.device_put(np.asarray(x0)[None, :])
         key = jr.key(seed) if draw == 0 else jr.fold_in(jr.key(seed), draw)
-        noise = jr.normal(key, (n_starts - 1, self.n), x0.dtype)
-        return jnp.concatenate([x0[None, :], x0[None, :] + perturbation * noise])
+        noise = np.asarray(jr.normal(key, (n_starts - 1, self.n), x0.dtype))
+        # the arithmetic in NumPy: the same numbers, no eager programs
+        x = np.asarray(x0)[None, :]
+        return jax.device_put(np.concatenate([x, x + perturbation * noise]))
 
 
 def constrained_dict(problem: Problem, params) -> dict[str, Any]:
