@@ -664,25 +664,34 @@ def test_cli_forecasts_a_posterior_file_alone(school_run, tmp_path, monkeypatch)
 
 
 def test_non_finite_starts_are_pulled_towards_the_map():
-    from epifit.sampling._nuts import MAX_SHRINKS, finite_start_points
+    """A chain begins where the density and its gradient are finite: at its
+    start, else halfway to the MAP (`anchor`) and so on, else at the MAP;
+    in the chains' program, by the evaluation that begins the chain."""
+    import jax
+    import jax.numpy as jnp
 
-    def loss(xs, data):  # finite inside the unit box only
-        xs = np.asarray(xs)
-        return np.where(np.abs(xs).max(axis=1) < 1.0, 0.0, np.inf)
+    from epifit.sampling._nuts import MAX_SHRINKS, begin_state, check_begun
 
+    def logp(x):  # finite inside the unit box only
+        return jnp.where(jnp.max(jnp.abs(x)) < 1.0, -0.5 * jnp.sum(x**2), -jnp.inf)
+
+    begin = jax.jit(lambda x0, anchor: begin_state(x0, anchor, logp, jnp.float64))
     x_map = np.array([0.0, 0.0])
-    starts = np.array([[0.5, -0.5], [4.0, 0.0], [1e5, -1e5]])
-    out = finite_start_points(starts, x_map, loss, None)
-    np.testing.assert_array_equal(out[0], starts[0])  # a finite start is kept
-    np.testing.assert_array_equal(out[1], [0.5, 0.0])  # 4 -> 2 -> 1 -> 0.5
-    assert np.all(np.abs(out[2]) < 1.0)
-    np.testing.assert_allclose(out[2], starts[2] * 0.5**17)  # the first finite one
-    # far out, the last resort is the MAP itself
-    out = finite_start_points(np.array([[1e300, 0.0]]), x_map, loss, None)
-    np.testing.assert_array_equal(out, [[0.0, 0.0]])
+    starts = np.array([[0.5, -0.5], [4.0, 0.0], [1e5, -1e5], [1e300, 0.0]])
+    out = [begin(x, x_map) for x in starts]
+    np.testing.assert_array_equal(out[0].position, starts[0])  # a finite start is kept
+    np.testing.assert_array_equal(out[1].position, [0.5, 0.0])  # 4 -> 2 -> 1 -> 0.5
+    np.testing.assert_allclose(out[2].position, starts[2] * 0.5**17)  # the first finite
+    np.testing.assert_array_equal(out[3].position, x_map)  # the last resort: the MAP
     assert MAX_SHRINKS < 1000
+    for state in out:  # the density and its gradient where the chain begins
+        x = np.asarray(state.position)
+        assert float(state.logdensity) == pytest.approx(-0.5 * np.sum(x**2))
+        np.testing.assert_allclose(state.logdensity_grad, -x)
+    bad = begin(starts[1], np.array([2.0, 0.0]))  # not finite at the MAP either
+    assert not np.isfinite(float(bad.logdensity))
     with pytest.raises(FloatingPointError, match="not finite at the MAP"):
-        finite_start_points(starts, np.array([2.0, 0.0]), loss, None)
+        check_begun((bad,))
 
 
 @pytest.mark.slow

@@ -117,7 +117,7 @@ def test_chains_compile_one_program():
             run_chain(programs, c, X0 + c, np.ones(3), data)
     assert names.count("jit(steps)") == 1
     assert not [n for n in names if "warm" in n or "chunk" in n]
-    assert programs.steps._cache_size() == 1  # one trace: the carry kept its types
+    assert programs._steps._cache_size() == 1  # one trace: the carry kept its types
 
 
 def test_the_program_traces_the_density_once():

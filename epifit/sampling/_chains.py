@@ -23,6 +23,7 @@ from epifit.sampling._nuts import (
     Programs,
     advanced,
     chain_result,
+    check_begun,
     run_chain,
     total_draws,
     transitions,
@@ -106,7 +107,7 @@ def run_threads(
     if todo:  # compile once, here
         c = todo[0]
         first = programs.steps(programs.fresh(starts[c], imm0), c, 0, data)
-        jax.block_until_ready(first)
+        check_begun(first[0])
     compile_s = time.perf_counter() - t0
     lock, stop = threading.Lock(), threading.Event()
 
@@ -163,6 +164,8 @@ def run_vectorized(programs: Programs, starts, imm0, data, store, bar) -> list[d
         chains = np.asarray(group, np.int32)
         stacked = _stack([carries[c] for c in group])
         carry, out = programs.steps_chains(stacked, chains, start, data)
+        if start == 0:
+            check_begun(carry)
         out = jax.tree.map(np.asarray, out)
         for i, c in enumerate(group):
             carries[c] = _row(carry, i)

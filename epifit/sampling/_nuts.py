@@ -94,38 +94,53 @@ def start_points(x_map, covariance, settings: NutsSettings) -> np.ndarray:
 MAX_SHRINKS = 20
 
 
-def finite_start_points(starts, x_map, loss, data) -> np.ndarray:
-    """`starts` with every non-finite one pulled towards the MAP.
+def begin_state(x0, anchor, logp, dtype) -> HMCState:
+    """The state a chain begins from: the density and its gradient at `x0`,
+    or, where they are not finite there, at the first of `anchor + t (x0 -
+    anchor)`, `t = 1/2, 1/4, ...` (`MAX_SHRINKS` halvings, then `anchor`
+    itself) where they are.
 
     A draw of the Laplace approximation can land where the log density is
     not finite (a solve that fails, a zero likelihood where cases are
     observed: a wide covariance along a weakly identified direction, such as
     a neural network's weights, makes it likely), and a chain started there
-    never moves. Such a start is replaced by the MAP plus half its offset,
-    again while it stays non-finite; after `MAX_SHRINKS` halvings it is the
-    MAP itself. `loss(xs, data)` is the objective at a batch of points (the
-    negative log density up to the log-Jacobian, finite where it is).
-    Deterministic, so a resumed run finds the same starts.
-
-    Raises:
-        FloatingPointError: the loss is not finite at the MAP either.
+    never moves; `anchor` is the MAP (in the chains' coordinates). Traced in
+    the chains' program (its `begin`), so the start is checked by the same
+    evaluation that begins the chain, with no program of its own; a state
+    still not finite at `anchor` is reported by `check_begun`.
+    Deterministic: a resumed run begins from the same point.
     """
-    starts = np.asarray(starts, np.float64)
-    x_map = np.asarray(x_map, np.float64)
-    xs = starts.copy()
-    for k in range(1, MAX_SHRINKS + 2):
-        f = np.asarray(loss(jnp.asarray(xs, x_map.dtype), data))
-        bad = ~np.isfinite(f)
-        if not bad.any():
-            return xs
-        if k > MAX_SHRINKS:
-            break
-        t = 0.5**k if k < MAX_SHRINKS else 0.0
-        xs[bad] = x_map + t * (starts[bad] - x_map)
-    raise FloatingPointError(
-        "The log posterior is not finite at the MAP the chains start from "
-        f"(loss {f[bad][0]!r}); check the fit (init) and its data."
-    )
+    x0, anchor = jnp.asarray(x0, dtype), jnp.asarray(anchor, dtype)
+
+    def finite(state):
+        return jnp.isfinite(state.logdensity) & jnp.all(
+            jnp.isfinite(state.logdensity_grad)
+        )
+
+    def point(k):
+        t = jnp.where(k < MAX_SHRINKS, 0.5 ** k.astype(dtype), 0).astype(dtype)
+        return jnp.where(k == 0, x0, anchor + t * (x0 - anchor))
+
+    def body(c):
+        k, _ = c
+        return k + 1, like(blackjax.nuts.init(point(k), logp), c[1])
+
+    blank = HMCState(x0, jnp.asarray(-jnp.inf, dtype), jnp.zeros_like(x0))
+    first = (jnp.zeros((), jnp.int32), blank)
+    cond = lambda c: (c[0] <= MAX_SHRINKS) & ~finite(c[1])  # noqa: E731
+    return jax.lax.while_loop(cond, body, first)[1]
+
+
+def check_begun(carry) -> None:
+    """Raise if a chain's begun state (its carry after the first chunk) is
+    not finite: the log posterior is not finite at the MAP either."""
+    state = carry[0]
+    if not np.isfinite(np.asarray(state.logdensity)).all():
+        raise FloatingPointError(
+            "The log posterior is not finite at the MAP the chains start from "
+            f"(log density {np.asarray(state.logdensity).tolist()!r}); check the "
+            "fit (init) and its data."
+        )
 
 
 def initial_inverse_mass(covariance, n: int, settings: NutsSettings):
@@ -147,15 +162,19 @@ class Programs:
     carry and every transition's position and `STATS`; `steps_chains` is the
     same vmapped over the carries and chains (`start` shared). At `start` 0
     the carry's position is the start and its inverse mass matrix the first
-    one (`fresh`); the program evaluates the density there and begins the
+    one (`fresh`); the program evaluates the density there (pulled towards
+    `anchor`, the MAP, where it is not finite: `begin_state`) and begins the
     adaptation. One program, so NUTS and the gradient are compiled once: the
     warm-up as its own `lax.scan` (blackjax's `window_adaptation`) and a
     chunk of draws were two programs, each compiling both (boarding school:
     2.97 + 2.25 s of lowering and compiling, against 1.5 s for one
     `value_and_grad`)."""
 
-    def __init__(self, logdensity: Callable, settings: NutsSettings):
+    def __init__(self, logdensity: Callable, settings: NutsSettings, anchor=None):
         self.settings = s = settings
+        # where a start whose density is not finite is pulled to (None: the
+        # start itself, no pull); an argument of the program, not a constant
+        self.anchor = None if anchor is None else np.asarray(anchor)
         # The density under `jax.jit`, so the program traces the solve and
         # its adjoint once: blackjax traces its integrator's loop body three
         # times (the loop's carry starts weakly typed) and its `init` once,
@@ -169,15 +188,16 @@ class Programs:
         table = np.append(codes(s.warmup), DRAW).astype(np.int32)
         depth = s.max_tree_depth
 
-        def steps(carry, chain, start, data):
+        def steps(carry, chain, start, data, anchor):
             def logp(x):
                 return logdensity(x, data)
 
             def begin(carry):
                 state, _, _, imm0 = carry
-                new = blackjax.nuts.init(state.position, logp)
-                size = jnp.asarray(INITIAL_STEP_SIZE, carry[2].dtype)
-                return like((new, adapt_init(state.position, imm0), size, imm0), carry)
+                dt = carry[2].dtype
+                new = begin_state(state.position, anchor, logp, dt)
+                size = jnp.asarray(INITIAL_STEP_SIZE, dt)
+                return like((new, adapt_init(new.position, imm0), size, imm0), carry)
 
             carry = jax.lax.cond(start == 0, begin, lambda c: c, carry)
             index = start + jnp.arange(s.chunk)
@@ -206,11 +226,28 @@ class Programs:
 
             return jax.lax.scan(one, carry, (keys, code))
 
-        self.steps = jit(steps)
+        self._steps = jit(steps)
         # every chain in one program (chain_method="vectorized"): compiled on
         # first use only
-        self.steps_chains = jit(jax.vmap(steps, in_axes=(0, 0, None, None)))
+        self._steps_chains = jit(jax.vmap(steps, in_axes=(0, 0, None, None, 0)))
         self._adapt_init = adapt_init
+
+    def steps(self, carry, chain, start, data):
+        """Chain `chain`'s transitions `start .. start + chunk - 1` (the
+        compiled program)."""
+        return self._steps(carry, chain, start, data, self._anchor(carry[0]))
+
+    def steps_chains(self, carries, chains, start, data):
+        """`steps` of every chain of `chains` (their carries stacked), in one
+        vmapped program."""
+        anchor = self._anchor(carries[0])
+        return self._steps_chains(carries, chains, start, data, anchor)
+
+    def _anchor(self, state):
+        x = state.position
+        if self.anchor is None:
+            return x
+        return jax.device_put(np.broadcast_to(self.anchor, x.shape).astype(x.dtype))
 
     def fresh(self, x0, imm0):
         """The carry of a chain not begun: its start `x0` and the first
@@ -352,6 +389,8 @@ def run_chain(
         on_progress(start)
     while start < transitions(s):
         carry, out = programs.steps(carry, chain, start, data)
+        if start == 0:
+            check_begun(carry)
         new = advanced(snap, chain, carry, start, out, s)
         start += s.chunk
         if on_progress is not None:

@@ -32,7 +32,7 @@ POLL_S = 1.0  # how often the parent looks for a dead worker
 JAX_SETTINGS = ("jax_enable_x64", "jax_numpy_rank_promotion")
 
 
-def run_processes(density, settings, starts, imm0, store, bar, workers: int):
+def run_processes(density, settings, starts, imm0, anchor, store, bar, workers: int):
     """Every chain in `workers` spawned processes; the results in chain order,
     as `run_chain` returns them (`warmup_s` includes the worker's compiles)."""
     import jax
@@ -43,7 +43,9 @@ def run_processes(density, settings, starts, imm0, store, bar, workers: int):
         "jax": {k: getattr(jax.config, k) for k in JAX_SETTINGS},
         "cache_dir": _cache_dir(),
     }
-    job = pickle.dumps((density, settings, np.asarray(starts), np.asarray(imm0)))
+    job = pickle.dumps(
+        (density, settings, np.asarray(starts), np.asarray(imm0), np.asarray(anchor))
+    )
     groups = [list(range(w, settings.chains, workers)) for w in range(workers)]
     env = single_threaded_env(config["cache_dir"]) | {"JAX_PLATFORMS": "cpu"}
     procs, results = [], {}
@@ -149,8 +151,8 @@ def _worker(chains, config, job, saved, checkpointed, messages) -> None:
         from epifit.sampling._checkpoint import flatten, unflatten
         from epifit.sampling._nuts import Programs, run_chain
 
-        density, settings, starts, imm0 = pickle.loads(job)
-        programs = Programs(density, settings)
+        density, settings, starts, imm0, anchor = pickle.loads(job)
+        programs = Programs(density, settings, anchor)
         data = density.objective.data()
         imm0 = jnp.asarray(imm0)
         for chain in chains:

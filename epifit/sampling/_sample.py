@@ -23,7 +23,6 @@ from epifit.sampling._density import LogDensity, Whitened, whitening
 from epifit.sampling._nuts import (
     NutsSettings,
     Programs,
-    finite_start_points,
     initial_inverse_mass,
     start_points,
 )
@@ -137,9 +136,10 @@ def _sample_from(start, roots, settings, method, n_workers, checkpoint, resume,
     data_ = objective.data()
     density = LogDensity(objective)
     x_map = np.asarray(start["x"], np.float64)
+    # a start where the density is not finite is pulled towards the MAP
+    # (`anchor`) by the chains' own program, as it begins them
     starts = start_points(x_map, start["covariance"], settings)
-    starts = finite_start_points(starts, x_map, objective.compiled("loss"), data_)
-    run_density, run_starts, keyed, imm0 = _coordinates(
+    run_density, run_starts, keyed, imm0, anchor = _coordinates(
         roots, density, start["covariance"], x_map, starts, settings
     )
     store = chain_checkpoint(checkpoint, resume, objective, settings, keyed)
@@ -147,7 +147,7 @@ def _sample_from(start, roots, settings, method, n_workers, checkpoint, resume,
     with _bars(progress, settings) as bar:
         results = _run_chains(method, n_workers, run_density, settings,
                               run_starts.astype(x_map.dtype), jax.device_put(imm0),
-                              store, bar)  # fmt: skip
+                              anchor.astype(x_map.dtype), store, bar)  # fmt: skip
     if roots is not None:
         results = [_unwhitened(r, x_map, roots[0]) for r in results]
     sampling_s = time.perf_counter() - t0
@@ -174,16 +174,17 @@ def _whitening(whiten, covariance):
 
 
 def _coordinates(roots, density, covariance, x_map, starts, settings):
-    """The chains' density, starts, checkpoint key and first inverse mass
-    matrix: on `x` itself, or (with whitening `roots`) on `z`, where
-    `x = x_map + root @ z`."""
+    """The chains' density, starts, checkpoint key, first inverse mass
+    matrix and the MAP: on `x` itself, or (with whitening `roots`) on `z`,
+    where `x = x_map + root @ z` (the MAP is `z = 0`)."""
     if roots is None:
         imm0 = initial_inverse_mass(covariance, x_map.size, settings)
-        return density, starts, starts, imm0
+        return density, starts, starts, imm0, x_map
     z_starts = (starts - x_map) @ roots[1].T
     keyed = np.vstack([z_starts, roots[0]])
     imm0 = initial_inverse_mass(None, x_map.size, settings)
-    return Whitened(density, x_map, roots[0]), z_starts, keyed, imm0
+    whitened = Whitened(density, x_map, roots[0])
+    return whitened, z_starts, keyed, imm0, np.zeros_like(x_map)
 
 
 def _unwhitened(result: dict, shift, root) -> dict:
@@ -198,12 +199,13 @@ def _unwhitened(result: dict, shift, root) -> dict:
     }
 
 
-def _run_chains(method, workers, density, settings, starts, imm0, store, bar):
+def _run_chains(method, workers, density, settings, starts, imm0, anchor, store, bar):
     """The chains' results by `method` (see `_chains.py`)."""
     if method == "processes":
-        return run_processes(density, settings, starts, imm0, store, bar, workers)
+        job = (density, settings, starts, imm0, anchor)
+        return run_processes(*job, store, bar, workers)
     data = density.objective.data()
-    programs = Programs(density, settings)
+    programs = Programs(density, settings, anchor)
     if method == "threads":
         return run_threads(programs, starts, imm0, data, store, bar, workers)
     run = run_sequential if method == "sequential" else run_vectorized
