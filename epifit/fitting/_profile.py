@@ -53,7 +53,6 @@ from statistics import NormalDist
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optimistix as optx
 
 from epifit._errors import LocatedError
 from epifit._jit import jit
@@ -292,6 +291,10 @@ def profile_program(objective: Objective, j: int, reported):
         v, scale, data = args
         x = insert(y, v)
         return scale * objective.loss(x, data)
+
+    # imported here: optimistix (and lineax) took 85 ms of every command's
+    # start-up, which only a profile needs
+    import optimistix as optx
 
     f = _reverse_gradient(fn)
     solver = optx.BFGS(rtol=RTOL, atol=ATOL)
