@@ -28,8 +28,12 @@ def _concrete(x) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Unravel:
     """The inverse of [`ravel`][]: a vector of the raveled size back into the
-    tree, each leaf in its shape and dtype. A NumPy vector gives NumPy
-    leaves (no program compiled); a JAX array or tracer gives JAX arrays."""
+    tree, each leaf in its shape (and, where the leaves' dtypes differ, in
+    its dtype; with one dtype the vector's passes through, as with
+    `ravel_pytree`). A NumPy vector gives NumPy leaves (no program
+    compiled); a JAX array or tracer gives JAX arrays, by the operations
+    `ravel_pytree`'s inverse uses (so a compiled objective is the same
+    program, bit for bit)."""
 
     treedef: Any
     shapes: tuple[tuple[int, ...], ...]
@@ -42,14 +46,14 @@ class Unravel:
             raise ValueError(
                 f"unravel needs a vector of shape ({size},); got {np.shape(flat)}."
             )
-        xp = np if isinstance(flat, np.ndarray) else jnp
-        leaves = [
-            xp.reshape(flat[a:b], shape).astype(dtype)
-            for a, b, shape, dtype in zip(
-                self.offsets[:-1], self.offsets[1:], self.shapes, self.dtypes,
-                strict=True,
-            )
-        ]  # fmt: skip
+        bounds = zip(self.offsets[:-1], self.offsets[1:], strict=True)
+        if isinstance(flat, np.ndarray):
+            parts = [flat[a:b] for a, b in bounds]
+        else:  # as `ravel_pytree`'s inverse: the same program
+            parts = jax.lax.split(flat, [b - a for a, b in bounds])
+        leaves = [x.reshape(shape) for x, shape in zip(parts, self.shapes, strict=True)]
+        if len(set(self.dtypes)) > 1:  # one dtype: any vector's dtype passes through
+            leaves = [x.astype(d) for x, d in zip(leaves, self.dtypes, strict=True)]
         return jax.tree.unflatten(self.treedef, leaves)
 
 
