@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import subprocess
 import sys
 import time
@@ -139,8 +140,11 @@ def _numpyro_model(kind: str, y):
                 term, diffrax.Tsit5(), 0.0, 13.0, 0.1, jnp.stack([N - i0, i0]),
                 args=(beta, gamma), saveat=diffrax.SaveAt(ts=ts),
                 stepsize_controller=diffrax.PIDController(rtol=TOL, atol=TOL),
-                max_steps=4096,
+                max_steps=4096, throw=False,
             )  # fmt: skip
+            # a failed solve (a warm-up trajectory far out, where the system is
+            # stiff: max_steps) is a NaN density, a divergent transition, as
+            # epifit's density has it; with throw=True it ended the chain
             return sol.ys[:, 1]
     else:
         from jax.experimental.ode import odeint
@@ -250,8 +254,17 @@ def _run_capped(tool: str, a, extra=(), summarise=None) -> dict:
     lines = [ln for ln in stdout.splitlines() if ln.startswith("{")]
     rec = json.loads(lines[-1]) if lines else {}
     if note:
-        rec["note"] = note.strip().splitlines()[-1] if note.strip() else note
+        rec["note"] = _reason(note)
     return (summarise or _summarise)(tool, rec, a)
+
+
+def _reason(stderr: str) -> str:
+    """What stopped a worker: the last exception line of its standard error
+    (`SomeError: message`; JAX's closing notice about filtered frames is not
+    one), else its last line."""
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    found = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception): ", ln)]
+    return found[-1] if found else (lines[-1] if lines else "")
 
 
 def _summarise_metapop(tool: str, rec: dict, a) -> dict:
