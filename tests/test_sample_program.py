@@ -196,3 +196,26 @@ def test_the_density_takes_its_gradient_in_forward_mode_only_when_small(
         assert objective.free.n * problem.n_states <= FORWARD_MAX_WORK
     assert objective.forward_pays is forward
     assert LogDensity(objective).gradient == ("forward" if forward else "adjoint")
+
+
+def test_a_start_is_pulled_to_a_finite_density_in_the_program():
+    """A chain whose start is outside the density's support begins between
+    it and the anchor (the MAP), in the chains' own program; with the
+    anchor outside too, the chain raises after its first chunk instead of
+    wandering from a non-finite state."""
+    settings = NutsSettings(chains=1, warmup=10, draws=10, chunk=10)
+    data = jnp.asarray(PRECISION)
+
+    def boxed(x, data):  # the Gaussian, inside |x| < 2 only
+        inside = jnp.max(jnp.abs(x)) < 2.0
+        return jnp.where(inside, logdensity(x, data), -jnp.inf)
+
+    far = np.array([40.0, 0.0, 0.0])
+    out = run_chain(Programs(boxed, settings, np.zeros(3)), 0, far, np.ones(3), data)
+    positions = np.asarray(out["positions"])
+    assert np.all(np.isfinite(positions)) and np.all(np.abs(positions) < 2.0)
+    # an anchor just outside: NUTS could step in from it, but the begun
+    # state is NaN, which no transition leaves
+    edge = np.array([2.05, 0.0, 0.0])
+    with pytest.raises(FloatingPointError, match="not finite at the MAP"):
+        run_chain(Programs(boxed, settings, edge), 0, far, np.ones(3), data)

@@ -106,8 +106,10 @@ def begin_state(x0, anchor, logp, dtype) -> HMCState:
     a neural network's weights, makes it likely), and a chain started there
     never moves; `anchor` is the MAP (in the chains' coordinates). Traced in
     the chains' program (its `begin`), so the start is checked by the same
-    evaluation that begins the chain, with no program of its own; a state
-    still not finite at `anchor` is reported by `check_begun`.
+    evaluation that begins the chain, with no program of its own. A state
+    still not finite at `anchor` comes back with a NaN position and log
+    density, which every transition keeps (a NaN point stays one), so that
+    `check_begun` reports it after the chunk.
     Deterministic: a resumed run begins from the same point.
     """
     x0, anchor = jnp.asarray(x0, dtype), jnp.asarray(anchor, dtype)
@@ -128,7 +130,14 @@ def begin_state(x0, anchor, logp, dtype) -> HMCState:
     blank = HMCState(x0, jnp.asarray(-jnp.inf, dtype), jnp.zeros_like(x0))
     first = (jnp.zeros((), jnp.int32), blank)
     cond = lambda c: (c[0] <= MAX_SHRINKS) & ~finite(c[1])  # noqa: E731
-    return jax.lax.while_loop(cond, body, first)[1]
+    state = jax.lax.while_loop(cond, body, first)[1]
+    ok = finite(state)
+    nan = jnp.asarray(jnp.nan, dtype)
+    return HMCState(
+        jnp.where(ok, state.position, nan),
+        jnp.where(ok, state.logdensity, nan),
+        state.logdensity_grad,
+    )
 
 
 def check_begun(carry) -> None:
