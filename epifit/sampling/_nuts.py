@@ -184,6 +184,7 @@ class Programs:
         # where a start whose density is not finite is pulled to (None: the
         # start itself, no pull); an argument of the program, not a constant
         self.anchor = None if anchor is None else np.asarray(anchor)
+        self._anchors: dict = {}  # on the device, by carry shape and dtype
         # The density under `jax.jit`, so the program traces the solve and
         # its adjoint once: blackjax traces its integrator's loop body three
         # times (the loop's carry starts weakly typed) and its `init` once,
@@ -253,10 +254,17 @@ class Programs:
         return self._steps_chains(carries, chains, start, data, anchor)
 
     def _anchor(self, state):
+        """The program's anchor argument for carries like `state`'s: put on
+        the device once per shape and dtype, not at every chunk (None: the
+        position itself)."""
         x = state.position
         if self.anchor is None:
             return x
-        return jax.device_put(np.broadcast_to(self.anchor, x.shape).astype(x.dtype))
+        key = (x.shape, str(x.dtype))
+        if key not in self._anchors:
+            a = np.broadcast_to(self.anchor, x.shape).astype(x.dtype)
+            self._anchors[key] = jax.device_put(a)
+        return self._anchors[key]
 
     def fresh(self, x0, imm0):
         """The carry of a chain not begun: its start `x0` and the first
