@@ -559,6 +559,42 @@ def test_vector_borne_r_eff_agrees_with_the_ngm_of_two_infections():
     np.testing.assert_allclose(r["R_eff"], closed, rtol=1e-10)
 
 
+def test_off_the_cpu_noda_takes_the_place_of_eigvals(monkeypatch):
+    """JAX does not lower `eigvals` on a TPU (every fit's outputs failed
+    there): off the CPU (`has_eig` false) each patch's root over several
+    infections and `auto`'s dense method are Noda's iteration, with the same
+    values; `method="dense"` is refused with the reason."""
+    import re
+
+    import jax
+
+    import epifit.model._reproduction as rep
+
+    model = _model(VECTOR)
+    params = model.init_params(2)
+    args, inputs = model.precompute(params, None, 2)
+    y0 = model.initial_state(params, None, 2)
+    ys = solve(model.vector_field, y0, args, ts=np.arange(60.0), inputs=inputs).ys
+
+    def traced():
+        jaxpr = jax.make_jaxpr(lambda p: reproduction_number(model, ys, p))(params)
+        return re.findall(r"\beig\[", str(jaxpr))
+
+    want = reproduction_number(model, ys, params)  # eigvals, on this CPU
+    assert traced()  # the check below can tell the two paths apart
+    monkeypatch.setattr(rep, "has_eig", lambda: False)
+    rep._compiled.cache_clear()
+    try:
+        got = reproduction_number(model, ys, params)
+        assert not traced()
+        with pytest.raises(ValueError, match="does not lower eigvals.*use 'noda'"):
+            reproduction_number(model, ys, params, method="dense")
+    finally:
+        rep._compiled.cache_clear()
+    for key in ("R_eff", "R_eff_total"):
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-10)
+
+
 def test_two_strains_r_eff_agrees_with_the_ngm_of_three_infections():
     """`models/two_strain.toml`: strain 1 from S, strain 2 from S and (at
     reduced susceptibility c) from R1; F V^-1 over (I1, I2) from the

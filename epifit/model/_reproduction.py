@@ -36,6 +36,13 @@ import numpy as np
 from jaxtyping import Array
 
 from epifit.model._coupling import coupled_mass, coupling_matrix
+from epifit.model._perron import (
+    has_eig,
+    radius_dense,
+    radius_noda,
+    radius_power,
+    root_noda,
+)
 from epifit.model._plan import Infection, Plan
 
 __all__ = [
@@ -48,14 +55,8 @@ __all__ = [
 
 # the dense method up to this many (infection, patch) types under "auto"
 DENSE_MAX = 64
-# Noda's iteration (dense K_r) up to this many types under "auto", and its
-# most iterations (it converges quadratically: a handful)
+# Noda's iteration (dense K_r) up to this many types under "auto"
 NODA_MAX = 3000
-NODA_MAX_ITER = 50
-# power iteration: the largest change of the eigenvectors (scaled to a
-# largest entry of 1) at which it stops, and the most iterations
-POWER_RTOL = 1e-10
-POWER_MAX_ITER = 2000
 
 State = tuple[str, int]  # (compartment, 0-based stage)
 
@@ -250,89 +251,6 @@ def _apply(plan: Plan, G, y, get, v: Array) -> Array:
     )
 
 
-def _radius_dense(apply, shape) -> Array:
-    K = jax.jacfwd(apply)(jnp.zeros(shape))
-    size = shape[0] * shape[1]
-    return jnp.max(jnp.real(jnp.linalg.eigvals(K.reshape(size, size))))
-
-
-def _rtol(dtype) -> float:
-    """`POWER_RTOL`, or 16 ulps where the dtype cannot reach it (float32)."""
-    return max(POWER_RTOL, 16 * float(jnp.finfo(dtype).eps))
-
-
-def _radius_noda(apply, shape, dtype) -> Array:
-    """The Perron root by Noda's iteration on the dense `K_r`: the shift
-    `sigma = max(K v / v)` is an upper bound of the root (Collatz-Wielandt),
-    so `(sigma I - K)⁻¹` keeps `v` positive and its dominant direction is the
-    Perron vector; the shifts fall to the root quadratically. Then three
-    solves for the left vector and the estimate `uᵀKv / uᵀv` (`u, v` held
-    fixed, so its derivative is the eigenvalue's)."""
-    size = shape[0] * shape[1]
-    K = jax.jacfwd(apply)(jnp.zeros(shape, dtype)).reshape(size, size)
-    Ks = jax.lax.stop_gradient(K)
-    tiny = jnp.finfo(dtype).tiny
-    eye = jnp.eye(size, dtype=dtype)
-
-    def shift(v):
-        return jnp.max(Ks @ v / v) * (1 + 8 * jnp.finfo(dtype).eps) + tiny
-
-    def step(carry):
-        v, sigma, _, k = carry
-        x = jnp.abs(jnp.linalg.solve(sigma * eye - Ks, v))
-        v = jnp.maximum(x / jnp.max(x), tiny)
-        return v, shift(v), sigma, k + 1
-
-    def more(carry):
-        _, sigma, old, k = carry
-        return (k < NODA_MAX_ITER) & (old - sigma > _rtol(dtype) * sigma)
-
-    ones = jnp.ones(size, dtype)
-    v, sigma, *_ = jax.lax.while_loop(
-        more, step, (ones, shift(ones), jnp.asarray(jnp.inf, dtype), 0)
-    )
-    lu = jax.scipy.linalg.lu_factor(sigma * eye - Ks)
-    u = ones
-    for _ in range(3):
-        x = jnp.abs(jax.scipy.linalg.lu_solve(lu, u, trans=1))
-        u = x / jnp.maximum(jnp.max(x), tiny)
-    v, u = jax.lax.stop_gradient(v), jax.lax.stop_gradient(u)
-    return _quotient(lambda w: K @ w, u, v)
-
-
-def _radius_power(apply, apply_sg, shape, dtype) -> Array:
-    """The Perron root by power iteration on `K_r` and its transpose (the
-    left vector makes the estimate `uᵀKv / uᵀv` accurate to second order and
-    its derivative, with `u, v` held fixed, the eigenvalue's)."""
-    ones = jnp.ones(shape, dtype)
-    _, transpose = jax.vjp(apply_sg, ones)
-    shift = 0.25 * jnp.mean(transpose(ones)[0])  # against periodic matrices
-
-    def step(carry):
-        v, u, _, k = carry
-        kv, ku = apply_sg(v) + shift * v, transpose(u)[0] + shift * u
-        v2 = kv / jnp.maximum(jnp.max(jnp.abs(kv)), jnp.finfo(dtype).tiny)
-        u2 = ku / jnp.maximum(jnp.max(jnp.abs(ku)), jnp.finfo(dtype).tiny)
-        change = jnp.maximum(jnp.max(jnp.abs(v2 - v)), jnp.max(jnp.abs(u2 - u)))
-        return v2, u2, change, k + 1
-
-    def more(carry):
-        _, _, change, k = carry
-        return (k < POWER_MAX_ITER) & (change > _rtol(dtype))
-
-    inf = jnp.asarray(jnp.inf, dtype)
-    v, u, *_ = jax.lax.while_loop(more, step, (ones, ones, inf, 0))
-    v, u = jax.lax.stop_gradient(v), jax.lax.stop_gradient(u)
-    return _quotient(apply, u, v)
-
-
-def _quotient(apply, u, v) -> Array:
-    """`uᵀ K v / uᵀ v`, 0 where `uᵀ v = 0` (no susceptibles: `K = 0`)."""
-    den = jnp.sum(u * v)
-    ok = den > 0
-    return jnp.where(ok, jnp.sum(u * apply(v)) / jnp.where(ok, den, 1), 0)
-
-
 def _day(plan, stages, states, method, y, args, u) -> tuple[Array, Array]:
     """`(R per patch, R total)` on one day."""
     n = next(iter(y.values())).shape[-1]
@@ -350,22 +268,24 @@ def _day(plan, stages, states, method, y, args, u) -> tuple[Array, Array]:
     cols = jnp.stack(
         [transpose(jnp.zeros(shape, dtype).at[i].set(1.0))[0] for i in range(shape[0])]
     )  # cols[n, m, p]: new infections of kind n from one of kind m in p
+    per_patch = jnp.moveaxis(cols, -1, 0)  # (patch, n, m)
     if shape[0] == 1:
         patch = cols[0, 0]
+    elif has_eig():
+        patch = jnp.max(jnp.real(jnp.linalg.eigvals(per_patch)), -1)
     else:
-        patch = jnp.max(jnp.real(jnp.linalg.eigvals(jnp.moveaxis(cols, -1, 0))), -1)
+        patch = jax.vmap(lambda k: root_noda(k, dtype))(per_patch)
     if method == "auto":
         size = shape[0] * n
-        method = (
-            "dense" if size <= DENSE_MAX else "noda" if size <= NODA_MAX else "power"
-        )
+        dense = "dense" if has_eig() else "noda"
+        method = dense if size <= DENSE_MAX else "noda" if size <= NODA_MAX else "power"
     if method == "dense":
-        total = _radius_dense(apply, shape)
+        total = radius_dense(apply, shape)
     elif method == "noda":
-        total = _radius_noda(apply, shape, dtype)
+        total = radius_noda(apply, shape, dtype)
     elif method == "power":
         frozen = jtu.tree_map(jax.lax.stop_gradient, (y, args, u))
-        total = _radius_power(apply, operator(*frozen), shape, dtype)
+        total = radius_power(apply, operator(*frozen), shape, dtype)
     else:
         raise ValueError(
             f"method must be 'auto', 'dense', 'noda' or 'power'; got {method!r}"
@@ -386,12 +306,20 @@ def reproduction_number_of(
         args, inputs: from `model.precompute(params, covariates, ...)`.
         ts: the (concrete) times of `ys`' rows (default `0, 1, ...`); each
             row reads the inputs' value that holds at its time.
-        method: `"dense"` (`eigvals` of the reduced matrix), `"power"`
-            (power iteration, matrix-free) or `"auto"` (dense up to
-            `DENSE_MAX` infection-patch types).
+        method: `"dense"` (`eigvals` of the reduced matrix; on CPU only:
+            JAX does not lower `eigvals` on a TPU), `"noda"` (Noda's
+            iteration on the reduced matrix), `"power"` (power iteration,
+            matrix-free) or `"auto"` (dense up to `DENSE_MAX`
+            infection-patch types, Noda's iteration in its place off the
+            CPU, then Noda's up to `NODA_MAX`, then power).
     """
     plan, stages = model.plan, model.stages
     infected_states(plan, stages)  # its errors, before any tracing
+    if method == "dense" and not has_eig():
+        raise ValueError(
+            f"method='dense': JAX does not lower eigvals on this backend "
+            f"({jax.default_backend()}); use 'noda', 'power' or 'auto'"
+        )
     y = {c: jnp.asarray(ys[c]) for c in model.compartments}
     n_t = next(iter(y.values())).shape[0]
     ts = np.arange(n_t, dtype=np.float64) if ts is None else np.asarray(ts, float)
