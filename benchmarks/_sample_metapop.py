@@ -27,13 +27,14 @@ permutation: no Jacobian).
 
 The peers run numpyro's NUTS kernel (`numpyro.infer.hmc.hmc`, diagonal mass
 matrix, the same Stan warm-up windows, target acceptance 0.8, tree depth
-10) from the MAP, one iteration per compiled call (compiled ahead of time, so
-the compile is timed apart), with a JSON line after the compile and after
-every iteration: a peer stopped at its cap still reports the gradients it
-took and their cost. epifit samples with `chunk = --block` and a
-checkpoint, which it writes after the warm-up and every chunk; a thread
-turns each write into a line (`_watch`), so a stopped epifit reports its
-draws too (its warm-up is one compiled scan: nothing until it ends).
+`--max-tree-depth`, as epifit's) from the MAP, one iteration per compiled
+call (compiled ahead of time, so the compile is timed apart), with a JSON
+line after the compile and after every iteration: a peer stopped at its cap
+still reports the gradients it took and their cost. epifit samples with
+`chunk = --block` and a checkpoint, which it writes after the warm-up and
+every chunk; a thread turns each write into a line (`_watch`), so a stopped
+epifit reports its draws too (its warm-up is one compiled scan: nothing
+until it ends).
 """
 
 from __future__ import annotations
@@ -274,6 +275,7 @@ def worker_epifit(a, fit_path: str) -> None:
                          fit=fit_config(fix_neural=a.fix_neural),
                          mass_matrix=a.mass_matrix, whiten=not a.no_whiten,
                          warmup=a.warmup, draws=a.draws, seed=a.seed, chunk=a.block,
+                         max_tree_depth=a.max_tree_depth,
                          chain_method=a.chain_method, checkpoint=ck,
                          progress=False)  # fmt: skip
     stop.set()
@@ -403,7 +405,8 @@ def worker_numpyro(a, kind: str, fit_path: str) -> None:
         state = init_kernel(jnp.asarray(x0), num_warmup=a.warmup,
                             inverse_mass_matrix=jnp.asarray(imm),
                             dense_mass=a.mass_matrix == "dense",
-                            target_accept_prob=0.8, max_tree_depth=10,
+                            target_accept_prob=0.8,
+                            max_tree_depth=a.max_tree_depth,
                             rng_key=key)  # fmt: skip
         run.compile_s += time.perf_counter() - t
         if run.block is None:

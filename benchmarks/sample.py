@@ -9,7 +9,8 @@ The boarding-school posterior: `models/sir.toml` with a Poisson likelihood
 of `in_bed` (the 1978 outbreak, 14 days) and log-normal priors on beta
 (median 1.7, sdlog 0.5), gamma (0.45, 0.5) and I0 (2, 1). Every tool runs the same NUTS
 settings (chains one after another, `--warmup` adaptation steps, `--draws`
-draws, target acceptance 0.8, tree depth 10), the same solver tolerances
+draws, target acceptance 0.8, tree depth at most `--max-tree-depth`, 10
+by default), the same solver tolerances
 (rtol = atol = 1e-6) and starts near the MAP: epifit from draws of its
 Laplace approximation, numpyro at the MAP values (`init_to_value`).
 
@@ -101,7 +102,8 @@ def worker_epifit(a, adjoint: str | None = None) -> None:
     fit = _epifit_map(adjoint)
     t = time.perf_counter()
     post = epifit.sample(init=fit, chains=a.chains, warmup=a.warmup, draws=a.draws,
-                         seed=a.seed, progress=False)  # fmt: skip
+                         seed=a.seed, max_tree_depth=a.max_tree_depth,
+                         progress=False)  # fmt: skip
     timing = json.loads(post.data.posterior.attrs["timing"])
     p = post.data.posterior
     h.emit(
@@ -179,7 +181,7 @@ def worker_numpyro(a, kind: str) -> None:
     grads, div = [], 0
     t0 = time.perf_counter()
     warm, run = [], []
-    kernel = NUTS(model, target_accept_prob=0.8, max_tree_depth=10,
+    kernel = NUTS(model, target_accept_prob=0.8, max_tree_depth=a.max_tree_depth,
                   init_strategy=init_to_value(values=start))  # fmt: skip
     # one MCMC object: its compiled warm-up and sampler serve every chain
     mcmc = MCMC(kernel, num_warmup=a.warmup, num_samples=a.draws, num_chains=1,
@@ -244,7 +246,8 @@ def _run_capped(tool: str, a, extra=(), summarise=None) -> dict:
     cap = a.cap if ours or a.peer_cap is None else a.peer_cap
     argv = [sys.executable, __file__, "--worker", tool]
     argv += ["--chains", str(a.chains), "--warmup", str(a.warmup)]
-    argv += ["--draws", str(a.draws), "--seed", str(a.seed), *extra]
+    argv += ["--draws", str(a.draws), "--seed", str(a.seed)]
+    argv += ["--max-tree-depth", str(a.max_tree_depth), *extra]
     try:
         proc = subprocess.run(argv, capture_output=True, text=True, timeout=cap)
         stdout, note = proc.stdout, "" if proc.returncode == 0 else proc.stderr
@@ -406,6 +409,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=500)
     ap.add_argument("--draws", type=int, default=500)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-tree-depth", type=int, default=10,
+                    help="every tool's NUTS tree depth limit")  # fmt: skip
     ap.add_argument("--cap", type=float, default=900.0, help="seconds per tool")
     ap.add_argument("--peer-cap", type=float, help="seconds per peer (default --cap)")
     ap.add_argument("--tools", help="comma-separated (default: every tool of "

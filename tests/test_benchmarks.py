@@ -259,7 +259,9 @@ def test_benchmark_optimizer_takes_calibrates_iterates():
 @pytest.mark.slow
 def test_sample_benchmark_reports_every_tool_and_a_capped_peer(tmp_path):
     """`benchmarks/sample.py` on a tiny run: epifit's record has the ESS and
-    cost figures; a peer past its cap is reported as stopped, not dropped."""
+    cost figures; a peer past its cap is reported as stopped, not dropped;
+    `--max-tree-depth` bounds every tool's trees (here about 5 gradients a
+    draw at the default depth 10, at most 3 at depth 2)."""
     out = tmp_path / "sample.json"
     proc = subprocess.run(
         [
@@ -273,6 +275,8 @@ def test_sample_benchmark_reports_every_tool_and_a_capped_peer(tmp_path):
             "30",
             "--tools",
             "epifit,epifit-forward,numpyro-odeint",
+            "--max-tree-depth",
+            "2",
             "--cap",
             "600",
             "--json",
@@ -300,6 +304,7 @@ def test_sample_benchmark_reports_every_tool_and_a_capped_peer(tmp_path):
         if r.get("complete"):
             r0 = r["means"]["beta"] / r["means"]["gamma"]
             assert 3.0 < r0 < 5.0, r
+            assert r["grads"] <= 2 * 30 * (2**2 - 1), r  # chains x draws x steps
 
 
 def peer_done(records) -> bool:

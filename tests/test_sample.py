@@ -694,6 +694,47 @@ def test_non_finite_starts_are_pulled_towards_the_map():
         check_begun((bad,))
 
 
+def test_starts_far_below_the_map_density_are_pulled_towards_it():
+    """A start whose log density is finite but more than `max_drop` below the
+    MAP's (a draw of a Laplace approximation at a saddle) is pulled in like
+    a non-finite one; a start a Gaussian posterior's Laplace draws reach is
+    kept; with the MAP's density not finite, finiteness alone is asked."""
+    import jax
+    import jax.numpy as jnp
+    from scipy.stats import chi2
+
+    from epifit.sampling._nuts import begin_state, max_drop
+
+    def logp(x):
+        return -0.5 * jnp.sum(x**2)
+
+    begin = jax.jit(lambda x0, anchor: begin_state(x0, anchor, logp, jnp.float64))
+    x_map = np.zeros(2)
+    assert max_drop(2) == pytest.approx(21.0)
+    edge = np.sqrt(2 * max_drop(2))  # log density exactly max_drop below the MAP's
+    kept = np.array([0.999 * edge, 0.0])
+    np.testing.assert_array_equal(begin(kept, x_map).position, kept)
+    # 100 -> 50 -> 25 -> 12.5 -> 6.25, the first within sqrt(42) = 6.48
+    far = begin(np.array([100.0, 0.0]), x_map)
+    np.testing.assert_array_equal(far.position, [6.25, 0.0])
+    assert float(far.logdensity) == pytest.approx(-0.5 * 6.25**2)
+    np.testing.assert_allclose(far.logdensity_grad, [-6.25, 0.0])
+    for n in (1, 3, 199, 10_000):  # Laplace draws of a Gaussian are never moved
+        assert chi2.sf(2 * max_drop(n), n) < 1e-8
+    # the MAP outside the support: any finite start is kept, however far
+    boxed = jax.jit(
+        lambda x0, anchor: begin_state(
+            x0,
+            anchor,
+            lambda x: jnp.where(x[0] < 50.0, logp(x), -jnp.inf),
+            jnp.float64,
+        )
+    )
+    np.testing.assert_array_equal(
+        boxed(np.array([40.0, 0.0]), np.array([60.0, 0.0])).position, [40.0, 0.0]
+    )
+
+
 @pytest.mark.slow
 def test_chains_leave_a_wide_laplace_approximation_from_finite_starts():
     """Laplace draws where the density is -inf (Poisson counts of a negative

@@ -219,3 +219,16 @@ def test_a_start_is_pulled_to_a_finite_density_in_the_program():
     edge = np.array([2.05, 0.0, 0.0])
     with pytest.raises(FloatingPointError, match="not finite at the MAP"):
         run_chain(Programs(boxed, settings, edge), 0, far, np.ones(3), data)
+
+
+def test_a_start_far_below_the_map_density_is_pulled_in_the_program():
+    """A start whose density is finite but far below the MAP's begins the
+    chain nearer the MAP, in the chains' program: without the pull the
+    warm-up adapts to where it starts and the chain stays out there."""
+    settings = NutsSettings(chains=1, warmup=10, draws=10, chunk=10)
+    data = jnp.asarray(PRECISION)
+    far = np.array([1e4, 0.0, 0.0])
+    out = run_chain(Programs(logdensity, settings, np.zeros(3)), 0, far, np.ones(3),
+                    data)  # fmt: skip
+    positions = np.asarray(out["positions"])
+    assert np.all(np.isfinite(positions)) and np.abs(positions).max() < 50.0

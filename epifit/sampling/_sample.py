@@ -60,19 +60,20 @@ def sample(
     The log posterior is calibrate's objective, negated (the observations'
     log-likelihood plus the fit configuration's log-priors), on the
     unconstrained free vector, plus the log-Jacobian of each prior'd
-    parameter's transform (a prior is a density of the constrained value).
-    Each chain adapts its step size and mass matrix by Stan's window
-    adaptation (`warmup` iterations; blackjax's dual averaging and Welford
-    windows, in the same compiled program as the draws), then draws `draws`
-    samples. Chains start from draws of the Laplace approximation at the MAP
-    (which `init`, a `FitResult` or `FIT.nc`, gives; else `calibrate` finds
-    it first), a draw where the log density is not finite pulled towards the
-    MAP until it is; the chains move on the Laplace approximation's
-    whitened coordinates (`whiten`), or, without it, the Laplace covariance
-    (its diagonal for `mass_matrix="diagonal"`) seeds the mass matrix. A
-    chain's draws depend on `seed`, the chain and the draw's index alone:
-    not on `chain_method` (but for rounding), `chunk` or an interruption and
-    resume.
+    parameter's transform (a prior is a density of the constrained value). Each
+    chain adapts its step size and mass matrix by Stan's window adaptation
+    (`warmup` iterations; blackjax's dual averaging and Welford windows, in the
+    same compiled program as the draws), then draws `draws` samples. Chains
+    start from draws of the Laplace approximation at the MAP (which `init`, a
+    `FitResult` or `FIT.nc`, gives; else `calibrate` finds it first), a draw
+    where the log density is not finite, or far below the MAP's (by more than a
+    Gaussian posterior's own Laplace draws fall with probability 1e-8), pulled
+    towards the MAP until it is not; the chains move on the Laplace
+    approximation's whitened coordinates (`whiten`), or, without it, the
+    Laplace covariance (its diagonal for `mass_matrix="diagonal"`) seeds the
+    mass matrix. A chain's draws depend on `seed`, the chain and the draw's
+    index alone: not on `chain_method` (but for rounding), `chunk` or an
+    interruption and resume.
 
     Args:
         model_or_problem, data, fit: as for `calibrate` (a `Problem`, or a
@@ -136,8 +137,9 @@ def _sample_from(start, roots, settings, method, n_workers, checkpoint, resume,
     data_ = objective.data()
     density = LogDensity(objective)
     x_map = np.asarray(start["x"], np.float64)
-    # a start where the density is not finite is pulled towards the MAP
-    # (`anchor`) by the chains' own program, as it begins them
+    # a start where the density is not finite, or far below the MAP's, is
+    # pulled towards the MAP (`anchor`) by the chains' own program, as it
+    # begins them
     starts = start_points(x_map, start["covariance"], settings)
     run_density, run_starts, keyed, imm0, anchor = _coordinates(
         roots, density, start["covariance"], x_map, starts, settings
