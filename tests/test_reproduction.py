@@ -570,29 +570,33 @@ def test_off_the_cpu_noda_takes_the_place_of_eigvals(monkeypatch):
 
     import epifit.model._reproduction as rep
 
-    model = _model(VECTOR)
-    params = model.init_params(2)
-    args, inputs = model.precompute(params, None, 2)
-    y0 = model.initial_state(params, None, 2)
-    ys = solve(model.vector_field, y0, args, ts=np.arange(60.0), inputs=inputs).ys
+    vector = _model(VECTOR)  # two infections, each feeding the other
+    params = vector.init_params(2)
+    args, inputs = vector.precompute(params, None, 2)
+    y0 = vector.initial_state(params, None, 2)
+    ys = solve(vector.vector_field, y0, args, ts=np.arange(60.0), inputs=inputs).ys
+    strains = compile_model(load_model(MODELS / "two_strain.toml"))  # a diagonal K
+    p2 = _values(strains, b1=0.4, b2=0.35, c=0.6, omega=0.02)
+    cases = [(vector, ys, params), (strains, _solve(strains, p2, 120), p2)]
 
-    def traced():
+    def traced(model, ys, params):
         jaxpr = jax.make_jaxpr(lambda p: reproduction_number(model, ys, p))(params)
         return re.findall(r"\beig\[", str(jaxpr))
 
-    want = reproduction_number(model, ys, params)  # eigvals, on this CPU
-    assert traced()  # the check below can tell the two paths apart
+    want = [reproduction_number(*case) for case in cases]  # eigvals, on this CPU
+    assert all(traced(*case) for case in cases)  # the check can tell the paths apart
     monkeypatch.setattr(rep, "has_eig", lambda: False)
     rep._compiled.cache_clear()
     try:
-        got = reproduction_number(model, ys, params)
-        assert not traced()
+        got = [reproduction_number(*case) for case in cases]
+        assert not any(traced(*case) for case in cases)
         with pytest.raises(ValueError, match="does not lower eigvals.*use 'noda'"):
-            reproduction_number(model, ys, params, method="dense")
+            reproduction_number(vector, ys, params, method="dense")
     finally:
         rep._compiled.cache_clear()
-    for key in ("R_eff", "R_eff_total"):
-        np.testing.assert_allclose(got[key], want[key], rtol=1e-10)
+    for w, g in zip(want, got, strict=True):
+        for key in ("R_eff", "R_eff_total"):
+            np.testing.assert_allclose(g[key], w[key], rtol=1e-10)
 
 
 def test_two_strains_r_eff_agrees_with_the_ngm_of_three_infections():
