@@ -268,13 +268,14 @@ def _day(plan, stages, states, method, y, args, u) -> tuple[Array, Array]:
     cols = jnp.stack(
         [transpose(jnp.zeros(shape, dtype).at[i].set(1.0))[0] for i in range(shape[0])]
     )  # cols[n, m, p]: new infections of kind n from one of kind m in p
-    per_patch = jnp.moveaxis(cols, -1, 0)  # (patch, n, m)
     if shape[0] == 1:
         patch = cols[0, 0]
-    elif has_eig():
-        patch = jnp.max(jnp.real(jnp.linalg.eigvals(per_patch)), -1)
-    else:
-        patch = jax.vmap(lambda k: root_noda(k, dtype))(per_patch)
+    else:  # each patch's (n, m) block
+        blocks = jnp.moveaxis(cols, -1, 0)
+        if has_eig():
+            patch = jnp.max(jnp.real(jnp.linalg.eigvals(blocks)), -1)
+        else:
+            patch = jax.vmap(lambda k: root_noda(k, dtype))(blocks)
     if method == "auto":
         size = shape[0] * n
         dense = "dense" if has_eig() else "noda"
