@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 
 from epifit._errors import LocatedError, describe_type
 from epifit._paths import existing_file
+from epifit._stored import note_input
 
 __all__ = ["Reader", "at", "join", "read_values_file"]
 
@@ -70,7 +71,9 @@ class Reader:
     def toml_file(self, path: Path, kind: str) -> dict:
         """The TOML file `path` parsed (see `toml`); `kind` names what it is in
         the errors for a missing file or a directory, e.g. `"Scenario"`."""
-        return self.toml(existing_file(path, kind).read_text())
+        text = existing_file(path, kind).read_text()
+        note_input(path, text.encode())
+        return self.toml(text)
 
     def table(
         self,
@@ -201,6 +204,7 @@ def read_values_file(path: Path, fail: Callable[[str], Exception]) -> dict:
     file, at the top level or in a `parameters` table; a file that does not
     parse raises `fail(what the parser said)`."""
     text = existing_file(path, "Parameter").read_text()
+    note_input(path, text.encode())
     try:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except ValueError as e:

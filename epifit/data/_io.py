@@ -10,6 +10,7 @@ import numpy as np
 import xarray as xr
 
 from epifit._paths import atomic_write, describe_os_error
+from epifit._stored import note_input
 from epifit.data._errors import DataError
 from epifit.data._validate import PERIOD
 
@@ -48,6 +49,7 @@ def open_dataset(
     if path.is_dir():
         raise DataError(f"Data file '{path}' is a directory, not a netCDF file.")
     try:
+        note_input(path)
         with xr.open_dataset(path, engine=_ENGINE, group=group) as ds:
             ds = ds.load()
     except (OSError, ValueError, TypeError, KeyError, RuntimeError) as e:

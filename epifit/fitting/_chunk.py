@@ -19,7 +19,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from epifit._jit import jit
+from epifit._stored import stored
 from epifit._vmap import vmap_batch
 from epifit.fitting._methods import AbstractMethod, TrialMethod
 
@@ -156,7 +156,13 @@ def make_chunk(
 
         return jax.lax.while_loop(cond, body, (c, buf))
 
-    return jit(vmap_batch(run, in_axes=(0, None, None, None), group=group))
+    # jitted, and kept across CLI runs with the same inputs (`epifit._stored`);
+    # the output is the carry's structure and the three history buffers
+    return stored(
+        f"chunk {methods!r} {settings!r} {max_retreats} {group}",
+        vmap_batch(run, in_axes=(0, None, None, None), group=group),
+        out_tree=lambda c, *_: jax.tree.structure((c, (0, 0, 0))),
+    )
 
 
 def _trip(methods: Sequence[AbstractMethod], fun, c: Carry, data, j):

@@ -25,7 +25,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from epifit._jit import jit
+from epifit._stored import stored
 from epifit.fitting._objective import Objective
 from epifit.fitting._parameters import free_entries, problem_labels
 from epifit.fitting._resolve import FitSetup
@@ -75,9 +75,12 @@ def output_program(objective: Objective, *, solve: bool):
             def fit_outputs(x, se_x, z, data, ys):
                 return _outputs(objective, x, se_x, z, data, ys)
 
-        # evaluated once a fit: compiled for that up to the reference size
+        # evaluated once a fit: compiled for that up to the reference size;
+        # kept across CLI runs with the same inputs (`epifit._stored`)
         once = objective.problem.n_states <= ONCE_MAX_STATES
-        cache[solve] = jit(fit_outputs, once=once)
+        cache[solve] = stored(
+            f"fit_outputs {solve}", fit_outputs, out_tree=None, once=once
+        )
     return cache[solve]
 
 
@@ -102,7 +105,10 @@ def _outputs(objective: Objective, x, se_x, z, data, ys) -> dict:
     values = model.constrain(params)
     out["values"] = {k: v for k, v in values.items() if k not in neural}
     out["daily"] = model.daily_values(params)
-    out["params"] = eqx.filter(params, eqx.is_array)
+    # the arrays only, as a list (`fit_numbers` puts them back in the
+    # parameters' structure): the output is dicts and lists, which a stored
+    # program can describe
+    out["params"] = jax.tree.leaves(eqx.filter(params, eqx.is_array))
     out["table"] = table_numbers(objective, x, se_x, z, data["rest"])
     return out
 
@@ -124,8 +130,9 @@ def fit_numbers(objective: Objective, x, data, covariance, level: float, ys=None
     else:
         ys = jax.device_put(ys)
         out = output_program(objective, solve=False)(x, se_x, z, data, ys)
-    _, static = eqx.partition(objective.free.template, eqx.is_array)
-    params = eqx.combine(out.pop("params"), static)
+    arrays, static = eqx.partition(objective.free.template, eqx.is_array)
+    fitted = jax.tree.unflatten(jax.tree.structure(arrays), out.pop("params"))
+    params = eqx.combine(fitted, static)
     out = jax.tree.map(np.asarray, out)
     order = [p.name for p in problem.spec.parameters]
     order += list(problem.model.plan.derived_order)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from epifit._stored import note_input
 from epifit.model._errors import ModelSpecError
 from epifit.model._fields import ModelReader
 from epifit.model._spec import ModelSpec
@@ -54,6 +55,7 @@ def load_model(path: str | os.PathLike) -> ModelSpec:
     p = Path(path)
     try:
         raw = p.read_bytes()
+        note_input(p, raw)
     except FileNotFoundError:
         found = (
             sorted(q.name for q in p.parent.glob("*.toml")) if p.parent.is_dir() else []

@@ -1,0 +1,168 @@
+"""Programs kept across CLI runs (`epifit._stored`): a warm `epifit calibrate`
+loads its programs instead of tracing them, gives the same fit, and traces
+again when an input changes or a stored file does not load."""
+
+import shutil
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import xarray as xr
+
+import epifit._cache
+from epifit._stored import _RUN, keyed_by_inputs, note_input, stored
+from epifit.cli import main
+from epifit.data import open_dataset, write_dataset
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Counts of `jax.export`'s exports and loads."""
+    counts = {"export": 0, "deserialize": 0}
+    export, deserialize = jax.export.export, jax.export.deserialize
+
+    def counting_export(*a, **k):
+        counts["export"] += 1
+        return export(*a, **k)
+
+    def counting_deserialize(*a, **k):
+        counts["deserialize"] += 1
+        return deserialize(*a, **k)
+
+    monkeypatch.setattr(jax.export, "export", counting_export)
+    monkeypatch.setattr(jax.export, "deserialize", counting_deserialize)
+    return counts
+
+
+@pytest.fixture
+def cli(tmp_path, monkeypatch):
+    """`epifit calibrate` of the boarding-school SIR (copies of its files in
+    `tmp_path`), with the store in `tmp_path/cache` and the session's
+    compilation cache left as it is; `run(out, plain=False)`."""
+    monkeypatch.setattr(epifit._cache, "cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(epifit._cache, "enable_compilation_cache", lambda *a: None)
+    files = {}
+    names = ("models/sir.toml", "models/sir_fit.toml", "data/boarding_school_1978.nc")
+    for name in names:
+        files[name] = tmp_path / Path(name).name
+        shutil.copyfile(REPO / name, files[name])
+
+    def run(out, plain=False):
+        if plain:
+            monkeypatch.setenv("EPIFIT_NO_CACHE", "1")
+        else:
+            monkeypatch.delenv("EPIFIT_NO_CACHE", raising=False)
+        argv = ["calibrate", str(files["models/sir.toml"])]
+        argv += ["--data", str(files["data/boarding_school_1978.nc"])]
+        argv += ["--fit", str(files["models/sir_fit.toml"])]
+        argv += ["--out", str(tmp_path / out), "--max-iterations", "8"]
+        argv += ["--no-uncertainty", "--no-progress"]
+        assert main(argv) == 0
+        return open_dataset(tmp_path / out)
+
+    run.files = files
+    return run
+
+
+def _same_fit(a: xr.Dataset, b: xr.Dataset) -> None:
+    assert set(a.data_vars) == set(b.data_vars)
+    for v in a.data_vars:
+        np.testing.assert_array_equal(a[v].values, b[v].values, err_msg=v)
+
+
+def test_a_warm_run_loads_its_programs_and_fits_the_same(cli, counted, tmp_path):
+    first = cli("a.nc")
+    # the optimiser's chunk and the output program
+    assert counted == {"export": 2, "deserialize": 0}
+    assert len(list((tmp_path / "cache" / "programs").iterdir())) == 2
+    second = cli("b.nc")
+    assert counted == {"export": 2, "deserialize": 2}
+    plain = cli("c.nc", plain=True)
+    assert counted == {"export": 2, "deserialize": 2}
+    _same_fit(first, second)
+    _same_fit(first, plain)
+
+
+def test_a_changed_input_is_traced_again(cli, counted):
+    cli("a.nc")
+    data = cli.files["data/boarding_school_1978.nc"]
+    ds = open_dataset(data)
+    ds["in_bed"][3] = ds["in_bed"][3] + 40
+    write_dataset(ds, data)
+    changed = cli("b.nc")
+    assert counted["export"] == 4
+    # the fit saw the new data: the same as a run without the store
+    _same_fit(changed, cli("c.nc", plain=True))
+    model = cli.files["models/sir.toml"]
+    model.write_text(model.read_text() + "\n# a comment\n")
+    cli("d.nc")
+    assert counted["export"] == 6
+
+
+def test_an_unreadable_stored_program_is_exported_again(cli, counted, tmp_path):
+    first = cli("a.nc")
+    for p in (tmp_path / "cache" / "programs").iterdir():
+        p.write_bytes(p.read_bytes()[:100])
+    second = cli("b.nc")
+    assert counted["export"] == 4
+    _same_fit(first, second)
+
+
+def _double(x, y):
+    return {"sum": x + y, "pair": [x, None, (2.0 * y,)]}
+
+
+def test_outside_the_context_nothing_is_stored(tmp_path, counted):
+    f = stored("double", _double, out_tree=None)
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    out = f(x, y)
+    np.testing.assert_array_equal(out["sum"], x + y)
+    assert counted["export"] == 0
+
+
+def test_stored_programs_round_trip_and_fall_back(tmp_path, counted):
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    want = jax.jit(_double)(x, y)
+    with keyed_by_inputs({"command": "test"}, tmp_path):
+        got = stored("double", _double, out_tree=None)(x, y)
+    with keyed_by_inputs({"command": "test"}, tmp_path):
+        again = stored("double", _double, out_tree=None)(x, 1.0)
+        loaded = stored("double", _double, out_tree=None)(x, y)
+    assert counted == {"export": 2, "deserialize": 1}
+    for out in (got, loaded):
+        assert jax.tree.structure(out) == jax.tree.structure(want)
+        for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(again["sum"], x + 1.0)
+
+    # a structure given by the caller; a program that cannot be exported (a
+    # host callback) runs as itself and stores nothing
+    def noisy(x):
+        jax.debug.callback(lambda v: None, x)
+        return (x * 2.0, x)
+
+    files = set((tmp_path / "programs").iterdir())
+    with keyed_by_inputs({"command": "test"}, tmp_path):
+        out = stored("noisy", noisy, out_tree=lambda x: jax.tree.structure((0, 0)))(x)
+    np.testing.assert_array_equal(out[0], 2.0 * x)
+    assert set((tmp_path / "programs").iterdir()) == files
+
+
+def test_the_key_covers_the_files_read(tmp_path):
+    p = tmp_path / "m.toml"
+    p.write_text("a = 1\n")
+    note_input(p)  # outside the context: nothing to record, no error
+    with keyed_by_inputs({"command": "test"}, tmp_path):
+        run = _RUN.get()
+        note_input(p)
+        before = run.digest()
+        p.write_text("a = 2\n")
+        note_input(p)
+        assert run.digest() != before
+        p.write_text("a = 1\n")
+        note_input(p)
+        assert run.digest() == before
