@@ -117,44 +117,73 @@ def stored(
     options = once_options() if once else compiler_options()
     loaded: dict[str, Callable | None] = {}
 
-    def call(*args):
+    def program_for(args):
+        """`(program, leaves)` of the stored program for `args` (its inputs
+        committed to the device: `jit(exported.call)` lowers differently for
+        uncommitted ones, the first chunk's, and would compile twice), or
+        None where there is none: outside the context, or not exportable."""
         run = _RUN.get()
         if run is None:
-            return jitted(*args)
+            return None
         leaves, tree = jtu.tree_flatten(args)
         if not all(isinstance(x, leaf_types) for x in leaves):
-            return jitted(*args)
+            return None
         key = _key(run, name, tree, leaves)
         if key not in loaded:
             loaded[key] = _load_or_export(
                 run.folder, key, fun, tree, leaves, options, out_tree is None
             )
-        program = loaded[key]
-        if program is None:  # it cannot be exported
-            return jitted(*args)
-        # committed inputs, always: `jit(exported.call)` lowers differently
-        # for uncommitted ones (the first chunk's) and would compile twice
+        if loaded[key] is None:
+            return None
         device = jax.devices()[0]
         leaves = [
             x if isinstance(x, _SCALARS) else jax.device_put(x, device) for x in leaves
         ]
-        if out_tree is None:
-            return program(*leaves)
-        return jtu.tree_unflatten(out_tree(*args), program(*leaves))
+        return loaded[key], leaves
 
-    return _Stored(call, jitted)
+    def output(args, out):
+        return out if out_tree is None else jtu.tree_unflatten(out_tree(*args), out)
+
+    def call(*args):
+        found = program_for(args)
+        if found is None:
+            return jitted(*args)
+        program, leaves = found
+        return output(args, program(*leaves))
+
+    def compiled(*args):
+        found = program_for(args)
+        if found is None:
+            return jitted.lower(*args).compile()
+        program, leaves = found
+        executable = program.lower(*leaves).compile()
+
+        def run(*args):
+            xs = jtu.tree_leaves(args)
+            return output(args, executable(*jax.device_put(xs, jax.devices()[0])))
+
+        return run
+
+    return _Stored(call, compiled, jitted)
 
 
 class _Stored:
     """A stored program: called through the store, and otherwise the jitted
     function (`lower`, `trace`, its cache...)."""
 
-    def __init__(self, call: Callable, jitted: Callable):
+    def __init__(self, call: Callable, compiled: Callable, jitted: Callable):
         self._call = call
+        self._compiled = compiled
         self._jitted = jitted
 
     def __call__(self, *args):
         return self._call(*args)
+
+    def compiled(self, *args) -> Callable:
+        """The program compiled ahead of time for arguments like `args`
+        (`jitted.lower(*args).compile()` outside the store's context): to
+        call from several threads without each compiling it."""
+        return self._compiled(*args)
 
     def __getattr__(self, name: str):
         return getattr(self._jitted, name)

@@ -51,7 +51,7 @@ def cli(tmp_path, monkeypatch):
         files[name] = tmp_path / Path(name).name
         shutil.copyfile(REPO / name, files[name])
 
-    def run(out, plain=False):
+    def run(out, plain=False, uncertainty=False):
         if plain:
             monkeypatch.setenv("EPIFIT_NO_CACHE", "1")
         else:
@@ -60,7 +60,8 @@ def cli(tmp_path, monkeypatch):
         argv += ["--data", str(files["data/boarding_school_1978.nc"])]
         argv += ["--fit", str(files["models/sir_fit.toml"])]
         argv += ["--out", str(tmp_path / out), "--max-iterations", "8"]
-        argv += ["--no-uncertainty", "--no-progress"]
+        argv += [] if uncertainty else ["--no-uncertainty"]
+        argv += ["--no-progress"]
         assert main(argv) == 0
         return open_dataset(tmp_path / out)
 
@@ -76,15 +77,28 @@ def _same_fit(a: xr.Dataset, b: xr.Dataset) -> None:
 
 def test_a_warm_run_loads_its_programs_and_fits_the_same(cli, counted, tmp_path):
     first = cli("a.nc")
-    # the optimiser's chunk and the output program
-    assert counted == {"export": 2, "deserialize": 0}
-    assert len(list((tmp_path / "cache" / "programs").iterdir())) == 2
+    # the residuals and Jacobian (Levenberg-Marquardt's start), the
+    # optimiser's chunk and the output program
+    assert counted == {"export": 3, "deserialize": 0}
+    assert len(list((tmp_path / "cache" / "programs").iterdir())) == 3
     second = cli("b.nc")
-    assert counted == {"export": 2, "deserialize": 2}
+    assert counted == {"export": 3, "deserialize": 3}
     plain = cli("c.nc", plain=True)
-    assert counted == {"export": 2, "deserialize": 2}
+    assert counted == {"export": 3, "deserialize": 3}
     _same_fit(first, second)
     _same_fit(first, plain)
+
+
+def test_the_laplace_hessian_is_kept_too(cli, counted):
+    fit = cli.files["models/sir_fit.toml"]
+    fit.write_text(fit.read_text().replace('"gauss_newton"', '"hessian"'))
+    first = cli("a.nc", uncertainty=True)
+    # the residuals and Jacobian, the chunk, the data Hessian, the outputs
+    assert counted == {"export": 4, "deserialize": 0}
+    second = cli("b.nc", uncertainty=True)
+    assert counted == {"export": 4, "deserialize": 4}
+    _same_fit(first, second)
+    _same_fit(first, cli("c.nc", plain=True, uncertainty=True))
 
 
 def test_a_changed_input_is_traced_again(cli, counted):
@@ -94,13 +108,13 @@ def test_a_changed_input_is_traced_again(cli, counted):
     ds["in_bed"][3] = ds["in_bed"][3] + 40
     write_dataset(ds, data)
     changed = cli("b.nc")
-    assert counted["export"] == 4
+    assert counted["export"] == 6
     # the fit saw the new data: the same as a run without the store
     _same_fit(changed, cli("c.nc", plain=True))
     model = cli.files["models/sir.toml"]
     model.write_text(model.read_text() + "\n# a comment\n")
     cli("d.nc")
-    assert counted["export"] == 6
+    assert counted["export"] == 9
 
 
 def test_an_unreadable_stored_program_is_exported_again(cli, counted, tmp_path):
@@ -108,7 +122,7 @@ def test_an_unreadable_stored_program_is_exported_again(cli, counted, tmp_path):
     for p in (tmp_path / "cache" / "programs").iterdir():
         p.write_bytes(p.read_bytes()[:100])
     second = cli("b.nc")
-    assert counted["export"] == 4
+    assert counted["export"] == 6
     _same_fit(first, second)
 
 
@@ -138,6 +152,14 @@ def test_stored_programs_round_trip_and_fall_back(tmp_path, counted):
         for a, b in zip(jax.tree.leaves(out), jax.tree.leaves(want), strict=True):
             np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(again["sum"], x + 1.0)
+
+    # compiled ahead of time (for threads), in the store and outside it
+    with keyed_by_inputs({"command": "test"}, tmp_path):
+        program = stored("double", _double, out_tree=None).compiled(x, y)
+    assert counted == {"export": 2, "deserialize": 2}
+    outside = stored("double", _double, out_tree=None).compiled(x, y)
+    for out in (program(x, y), outside(x, y)):
+        np.testing.assert_array_equal(out["pair"][2][0], 2.0 * y)
 
     # a structure given by the caller; a program that cannot be exported (a
     # host callback) runs as itself and stores nothing

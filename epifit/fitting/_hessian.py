@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import jax
 import numpy as np
 
-from epifit._jit import jit
+from epifit._stored import stored
 from epifit._workers import thread_workers
 from epifit.fitting._objective import Objective
 
@@ -30,7 +30,12 @@ def data_hessian_at(objective: Objective, x, data) -> np.ndarray:
     workers = thread_workers() if jax.default_backend() == "cpu" else 1
     n = objective.free.n
     if not objective.hessian_by_columns or workers < 2 or n < 2:
-        fn = jit(objective.data_hessian, once=objective.forward_pays)
+        fn = stored(
+            "data_hessian",
+            objective.data_hessian,
+            out_tree=None,
+            once=objective.forward_pays,
+        )
         return np.asarray(fn(x, data), np.float64)
     workers = min(workers, n)
     size = -(-n // workers)
@@ -39,8 +44,10 @@ def data_hessian_at(objective: Objective, x, data) -> np.ndarray:
     blocks = [
         jax.device_put(vectors[i * size : (i + 1) * size]) for i in range(workers)
     ]
-    # compiled before the threads start (so that they do not both compile)
-    columns = jit(objective.hessian_columns).lower(x, blocks[0], data).compile()
+    # compiled before the threads start (so that they do not both compile);
+    # like the data Hessian, kept across CLI runs with the same inputs
+    program = stored("hessian_columns", objective.hessian_columns, out_tree=None)
+    columns = program.compiled(x, blocks[0], data)
     with ThreadPoolExecutor(workers) as pool:
         parts = list(pool.map(lambda v: np.asarray(columns(x, v, data)), blocks))
     return np.concatenate(parts)[:n].T.astype(np.float64)

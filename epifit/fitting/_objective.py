@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from epifit._jit import jit
+from epifit._stored import stored
 from epifit._vmap import default_group, vmap_batch
 from epifit.data import (
     AbstractObservationModel,
@@ -387,12 +387,14 @@ class Objective:
 
     def compiled(self, name: str):
         """`jit(vmap(method))` over a batch of `x` (in groups of `group` points),
-        compiled once per objective."""
+        compiled once per objective (and, within `epifit calibrate`, kept
+        across runs with the same inputs, so that a warm run does not trace
+        it again; its outputs are tuples, dicts and arrays)."""
         cache = self.__dict__.setdefault("_compiled", {})
         if name not in cache:
-            cache[name] = jit(
-                vmap_batch(getattr(self, name), in_axes=(0, None), group=self.group)
-            )
+            method = getattr(self, name)
+            batched = vmap_batch(method, in_axes=(0, None), group=self.group)
+            cache[name] = stored(f"objective {name}", batched, out_tree=None)
         return cache[name]
 
 
