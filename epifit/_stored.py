@@ -239,13 +239,14 @@ def _load_or_export(folder: Path, key: str, fun, tree, leaves, options, structur
 def _write(path: Path, blob: bytes) -> None:
     """`blob` to `path`, under a temporary name renamed into place; a store
     that cannot be written is skipped (the run goes on)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_bytes(blob)
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except OSError:  # a full disk, a read-only folder: nothing half-written
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
 
 
 def _environment() -> dict:

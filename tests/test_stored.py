@@ -188,3 +188,14 @@ def test_the_key_covers_the_files_read(tmp_path):
         p.write_text("a = 1\n")
         note_input(p)
         assert run.digest() == before
+
+
+def test_a_store_that_cannot_be_written_is_skipped(tmp_path, counted):
+    blocked = tmp_path / "a file, not a folder"
+    blocked.write_text("")
+    x, y = jnp.arange(3.0), jnp.ones(3)
+    with keyed_by_inputs({"command": "test"}, blocked):
+        out = stored("double", _double, out_tree=None)(x, y)
+    np.testing.assert_array_equal(out["sum"], x + y)
+    assert counted["export"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == [blocked.name]
