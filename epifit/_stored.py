@@ -1,18 +1,20 @@
 """Compiled programs kept across processes, for runs whose inputs are files.
 
-A warm `epifit calibrate` spends about a second tracing and lowering its
-programs again, only to find their executables in JAX's persistent
-compilation cache: the cache is keyed by the lowered program, so a process
-must trace before it can look. A CLI run is a function of the files it reads,
-its flags, its environment and the code, so within [`keyed_by_inputs`][] a
-program wrapped by [`stored`][] is exported (`jax.export`, StableHLO) under a
-key made of all of those and of its arguments' shapes, and a later run with
-the same key loads it instead of tracing. Any change to an input file, a
-flag, an environment variable that JAX or epifit reads, the package versions
-or epifit's own source makes another key. Outside the context (the library
-called from Python, whose functions may close over anything) nothing is
-stored, and a program that cannot be exported (a host callback, an argument
-that is not an array) is traced as before.
+A warm `epifit calibrate` (or `forecast`) spends about a second tracing and
+lowering its programs again, only to find their executables in JAX's
+persistent compilation cache: the cache is keyed by the lowered program, so a
+process must trace before it can look. A CLI run is a function of the files
+it reads, its flags, its environment and the code, so within
+[`keyed_by_inputs`][] a program wrapped by [`stored`][] is exported
+(`jax.export`, StableHLO) under a key made of all of those, of its name, of
+its place among the run's programs of that name (the order of first calls,
+the same in every run with the same inputs) and of its arguments' structure
+and shapes, and a later run with the same key loads it instead of tracing.
+Any change to an input file, a flag, an environment variable that JAX or
+epifit reads, the package versions or epifit's own source makes another key.
+Outside the context (the library called from Python, whose functions may
+close over anything) nothing is stored, and a program that cannot be exported
+(a host callback, an argument that is not an array) is traced as before.
 
 The store is `programs/` in epifit's cache folder (`EPIFIT_CACHE_DIR`),
 beside the compilation cache; files are written under a temporary name and
@@ -54,6 +56,22 @@ class _Run:
         self.settings = dict(settings)
         self.folder = folder
         self.files: dict[str, str] = {}
+        # the programs called so far, in order, per name (held, so that no
+        # other program takes an address of theirs during the run)
+        self.programs: dict[str, list[object]] = {}
+
+    def rank(self, name: str, program: object) -> int:
+        """`program`'s place among the run's programs called `name`, in the
+        order they were first called. A run is a function of its inputs, so
+        the n-th program of a name is the same program in every run with the
+        same key; the rank tells apart programs whose names read alike (a
+        name holds no object addresses: see `_key`)."""
+        seen = self.programs.setdefault(name, [])
+        for i, p in enumerate(seen):
+            if p is program:
+                return i
+        seen.append(program)
+        return len(seen) - 1
 
     def digest(self) -> str:
         material = {
@@ -128,7 +146,7 @@ def stored(
         leaves, tree = jtu.tree_flatten(args)
         if not all(isinstance(x, leaf_types) for x in leaves):
             return None
-        key = _key(run, name, tree, leaves)
+        key = _key(run, name, run.rank(_plain(name), call), tree, leaves)
         if key not in loaded:
             loaded[key] = _load_or_export(
                 run.folder, key, fun, tree, leaves, options, out_tree is None
@@ -189,16 +207,20 @@ class _Stored:
         return getattr(self._jitted, name)
 
 
-def _key(run: _Run, name: str, tree, leaves) -> str:
+def _plain(text: str) -> str:
+    """`text` without the object addresses a repr holds (they change from
+    process to process)."""
+    return re.sub(r"0x[0-9a-f]+", "", text)
+
+
+def _key(run: _Run, name: str, rank: int, tree, leaves) -> str:
     import numpy as np
 
     shapes = [
         (np.shape(x), str(getattr(x, "dtype", type(x).__name__)), _weak(x))
         for x in leaves
     ]
-    # object addresses in a structure's text change from process to process
-    structure = re.sub(r"0x[0-9a-f]+", "", str(tree))
-    text = json.dumps([run.digest(), name, structure, shapes])
+    text = json.dumps([run.digest(), _plain(name), rank, _plain(str(tree)), shapes])
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -144,8 +144,9 @@ def test_stored_programs_round_trip_and_fall_back(tmp_path, counted):
     with keyed_by_inputs({"command": "test"}, tmp_path):
         got = stored("double", _double, out_tree=None)(x, y)
     with keyed_by_inputs({"command": "test"}, tmp_path):
-        again = stored("double", _double, out_tree=None)(x, 1.0)
+        # the same program first (as a run with the same inputs calls it)
         loaded = stored("double", _double, out_tree=None)(x, y)
+        again = stored("double", _double, out_tree=None)(x, 1.0)
     assert counted == {"export": 2, "deserialize": 1}
     for out in (got, loaded):
         assert jax.tree.structure(out) == jax.tree.structure(want)
@@ -199,3 +200,42 @@ def test_a_store_that_cannot_be_written_is_skipped(tmp_path, counted):
     np.testing.assert_array_equal(out["sum"], x + y)
     assert counted["export"] == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == [blocked.name]
+
+
+def test_programs_of_one_name_are_told_apart_by_their_order(tmp_path, counted):
+    x = jnp.arange(3.0)
+    runs = []
+    for _ in range(2):
+        with keyed_by_inputs({"command": "test"}, tmp_path):
+            runs.append(
+                [
+                    stored("same name", fn, out_tree=None)(x)
+                    for fn in (jnp.sin, jnp.cos, jnp.sin)
+                ]
+            )
+    assert counted == {"export": 3, "deserialize": 3}
+    for outs in runs:
+        for out, fn in zip(outs, (jnp.sin, jnp.cos, jnp.sin), strict=True):
+            np.testing.assert_array_equal(out, fn(x))
+
+
+def test_a_warm_forecast_loads_its_program(cli, counted, tmp_path, monkeypatch):
+    cli("fit.nc", uncertainty=True)
+    fitted = counted["export"]
+
+    def forecast(out, plain=False):
+        if plain:
+            monkeypatch.setenv("EPIFIT_NO_CACHE", "1")
+        else:
+            monkeypatch.delenv("EPIFIT_NO_CACHE", raising=False)
+        argv = ["forecast", str(tmp_path / "fit.nc"), "--out", str(tmp_path / out)]
+        assert main([*argv, "--days", "10", "--samples", "20", "--seed", "3"]) == 0
+        return open_dataset(tmp_path / out)
+
+    first = forecast("a.nc")
+    exported = counted["export"]
+    assert exported > fitted  # the ensemble's program
+    second = forecast("b.nc")
+    assert counted["export"] == exported
+    _same_fit(first, second)
+    _same_fit(first, forecast("c.nc", plain=True))

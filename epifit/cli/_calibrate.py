@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import warnings
 
 import epifit.cli._flags as _flags
 from epifit._paths import existing_file, output_file, output_lock
 from epifit.cli._json import dumps
+from epifit.cli._stored import programs_kept
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -93,21 +92,6 @@ def _run(a) -> int:
     return 0
 
 
-def _programs_kept(a):
-    """Where the compilation cache is on, the run's programs are kept beside
-    it under a key of its inputs (`epifit._stored`): a warm run loads them
-    instead of tracing. Only the flags that do not reach a program (where
-    the results go, how they are shown) are left out of the key."""
-    if os.environ.get("EPIFIT_NO_CACHE") is not None:
-        return contextlib.nullcontext()
-    from epifit._cache import cache_dir
-    from epifit._stored import keyed_by_inputs
-
-    shown = {"out", "no_progress", "json", "debug", "func"}
-    settings = {k: v for k, v in sorted(vars(a).items()) if k not in shown}
-    return keyed_by_inputs({"command": "calibrate", **settings}, cache_dir())
-
-
 # the flags that are fit settings, checked as the fields of a fit file are
 _SETTING_FLAGS = {
     "seed": "--seed",
@@ -128,7 +112,7 @@ def _calibrate(a, model, data, fit, out):
         names=_SETTING_FLAGS,
     )
     use_checkpoint = a.resume or a.checkpoint_every is not None
-    with _programs_kept(a), warnings.catch_warnings():
+    with programs_kept(a), warnings.catch_warnings():
         # a fit stopped by persistent non-finite losses says so in its summary
         warnings.filterwarnings("ignore", message="stopped: ", category=RuntimeWarning)
         result = calibrate(

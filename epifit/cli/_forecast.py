@@ -9,6 +9,7 @@ import epifit.cli._flags as _flags
 from epifit._paths import existing_file, output_file, output_lock
 from epifit.cli._json import dumps
 from epifit.cli._plot import fit_inputs
+from epifit.cli._stored import programs_kept
 
 
 def _add_arguments(p: argparse.ArgumentParser) -> None:
@@ -87,7 +88,7 @@ def _run(a) -> int:
     inputs = {"--scenarios": scenarios or None, "--data": data, **fit_inputs(fit)}
     inputs["--posterior"] = post
     out = output_file(a.out, inputs=inputs)
-    with output_lock(out):
+    with output_lock(out), programs_kept(a):
         ds = forecast(
             fit,
             scenarios,

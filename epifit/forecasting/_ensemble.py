@@ -33,7 +33,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from epifit._jit import jit
+from epifit._stored import stored
 from epifit._vmap import vmap_batch
 from epifit.model import (
     STATE_NAMES,
@@ -335,7 +335,11 @@ def _compiled(cfg: EnsembleConfig) -> Callable:
     def one(x, template, data):
         return trajectory(cfg, x, template, data)
 
-    return jit(vmap_batch(one, in_axes=(0, None, None)))
+    # jitted, and kept across CLI runs with the same inputs (`epifit._stored`)
+    batched = vmap_batch(one, in_axes=(0, None, None))
+    # (one per configuration: the store tells them apart by the order in
+    # which a run calls them; their reprs hold sets, whose order varies)
+    return stored("forecast ensemble", batched, out_tree=None)
 
 
 # -------------------------------------------------------------------- samples

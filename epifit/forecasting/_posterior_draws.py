@@ -12,6 +12,7 @@ import numpy as np
 import xarray as xr
 
 from epifit._paths import file_sha256
+from epifit._stored import note_input
 from epifit.fitting import FIT_GROUP, FitResult
 
 __all__ = ["is_posterior", "posterior_draws", "posterior_fit"]
@@ -85,6 +86,7 @@ def _posterior_group(posterior: Any) -> tuple[xr.Dataset, str]:
         if not path.is_file():
             raise FileNotFoundError(f"Posterior file {path} does not exist.")
         try:
+            note_input(path)
             group = xr.open_dataset(path, group="posterior").load()
         except (OSError, ValueError, KeyError) as err:
             raise ValueError(
