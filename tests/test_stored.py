@@ -51,7 +51,7 @@ def cli(tmp_path, monkeypatch):
         files[name] = tmp_path / Path(name).name
         shutil.copyfile(REPO / name, files[name])
 
-    def run(out, plain=False, uncertainty=False):
+    def run(out, plain=False, uncertainty=False, extra=()):
         if plain:
             monkeypatch.setenv("EPIFIT_NO_CACHE", "1")
         else:
@@ -61,7 +61,7 @@ def cli(tmp_path, monkeypatch):
         argv += ["--fit", str(files["models/sir_fit.toml"])]
         argv += ["--out", str(tmp_path / out), "--max-iterations", "8"]
         argv += [] if uncertainty else ["--no-uncertainty"]
-        argv += ["--no-progress"]
+        argv += ["--no-progress", *extra]
         assert main(argv) == 0
         return open_dataset(tmp_path / out)
 
@@ -239,3 +239,12 @@ def test_a_warm_forecast_loads_its_program(cli, counted, tmp_path, monkeypatch):
     assert counted["export"] == exported
     _same_fit(first, second)
     _same_fit(first, forecast("c.nc", plain=True))
+
+
+def test_runs_that_follow_the_clock_or_a_checkpoint_keep_nothing(cli, counted):
+    cli("a.nc", extra=["--time-budget", "600"])
+    cli("b.nc", extra=["--checkpoint-every", "2"])
+    exported = counted["export"]
+    assert exported == 3
+    cli("c.nc", extra=["--resume", "--checkpoint-every", "2"])
+    assert counted["export"] == exported
