@@ -118,7 +118,8 @@ def stored(
     [`keyed_by_inputs`][] and called as itself outside it (its other
     attributes, `lower` and so on, are the jitted function's).
 
-    `name` tells the program apart from the run's others (with its
+    `name` tells the program apart from the run's others (with its place
+    in the order of first calls among the programs of that name, and its
     arguments' structure and shapes). `out_tree(*args)` is the structure of
     its output (the stored program returns the leaves); with None the
     structure is stored with the program, which needs it to be made of
@@ -153,11 +154,13 @@ def stored(
             )
         if loaded[key] is None:
             return None
+        return loaded[key], on_device(leaves)
+
+    def on_device(leaves):
         device = jax.devices()[0]
-        leaves = [
+        return [
             x if isinstance(x, _SCALARS) else jax.device_put(x, device) for x in leaves
         ]
-        return loaded[key], leaves
 
     def output(args, out):
         return out if out_tree is None else jtu.tree_unflatten(out_tree(*args), out)
@@ -177,8 +180,7 @@ def stored(
         executable = program.lower(*leaves).compile()
 
         def run(*args):
-            xs = jtu.tree_leaves(args)
-            return output(args, executable(*jax.device_put(xs, jax.devices()[0])))
+            return output(args, executable(*on_device(jtu.tree_leaves(args))))
 
         return run
 
