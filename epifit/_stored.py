@@ -35,6 +35,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from epifit._paths import file_sha256
+
 if TYPE_CHECKING:  # jax is imported where a program is called, not to read files
     import jax.tree_util as jtu
 
@@ -103,8 +105,11 @@ def note_input(path: str | os.PathLike, content: bytes | None = None) -> None:
     run = _RUN.get()
     if run is None:
         return
-    data = Path(path).read_bytes() if content is None else content
-    run.files[str(Path(path).resolve())] = hashlib.sha256(data).hexdigest()
+    if content is None:
+        digest = file_sha256(path)
+    else:
+        digest = hashlib.sha256(content).hexdigest()
+    run.files[str(Path(path).resolve())] = digest
 
 
 def stored(
