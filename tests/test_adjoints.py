@@ -264,12 +264,14 @@ def test_checkpoint_memory_is_bounded_by_the_buffer_not_the_steps():
     """The compiled gradient's temporary memory grows with the replay buffer
     (`buffer` kept steps) and not with `max_steps`: 4000 more allowed steps
     per segment cost only their step times (a few scalars each), where a
-    store of every step's state would cost 4000 states."""
+    store of every step's state would cost 4000 states. A kept step is its
+    start state (the unrolled pull-back recomputes its stages); with
+    `unroll_first=False` the stage loop keeps Tsit5's six stage states."""
     n = 500  # patches: the state is 3 x 500 float64, 12 kB
     y0 = jtu.tree_map(lambda v: jnp.full((n,), v), SIR_Y0)
     state_bytes = 3 * n * 8
 
-    def temp_bytes(max_steps, buffer):
+    def temp_bytes(max_steps, buffer, unroll_first=True):
         def loss(x):
             sol = solve(
                 _sir,
@@ -277,7 +279,7 @@ def test_checkpoint_memory_is_bounded_by_the_buffer_not_the_steps():
                 {"beta": x[0], "gamma": x[1]},
                 ts=[0.0, 10.0],
                 stepsize_controller=ConstantStepSize(0.025),
-                adjoint=CheckpointAdjoint(buffer=buffer),
+                adjoint=CheckpointAdjoint(buffer=buffer, unroll_first=unroll_first),
                 max_steps=max_steps,
             )
             return jnp.sum(sol.ys["I"][-1])
@@ -289,9 +291,11 @@ def test_checkpoint_memory_is_bounded_by_the_buffer_not_the_steps():
     more_steps = temp_bytes(5000, 16)
     bigger_buffer = temp_bytes(1000, 64)
     assert 0 <= more_steps - base <= 4000 * 8 * 4
-    # Each kept step holds at least its start state (Tsit5 keeps its 7 stages).
-    assert bigger_buffer - base >= 48 * state_bytes
-    assert base < 16 * (7 + 1) * state_bytes
+    # 48 more kept steps: 48 states (measured: exactly), not 48 stage stacks
+    assert 48 * state_bytes <= bigger_buffer - base <= 48 * 1.5 * state_bytes
+    assert base < 16 * 3 * state_bytes
+    looped = temp_bytes(1000, 64, False) - temp_bytes(1000, 16, False)
+    assert looped >= 48 * 6 * state_bytes
 
 
 def _sir_grad(adjoint, *, throw=True, max_steps=4096, rtol=1e-6):

@@ -37,6 +37,10 @@ class CheckpointAdjoint(AbstractAdjoint):
     with no replay loop and no buffer: with an explicit Runge-Kutta solver the
     step's stages are recomputed from the segment's start state (one forward
     step) and back-propagated, both unrolled at trace time (`unroll_first`).
+    The steps of a longer segment are replayed (the stages in a run-time
+    loop) to fill the buffer with the states before them, and each is pulled
+    back by that same unrolled program, its operands materialised buffers as
+    in the one-step branch, so XLA compiles its kernels once for both.
     With `keep_first` (adaptive explicit Runge-Kutta solvers) the forward pass
     keeps those stage states instead, at `O(n_segments * stages * |y|)`
     memory, which spares one forward step per segment but writes and re-reads
@@ -47,11 +51,12 @@ class CheckpointAdjoint(AbstractAdjoint):
         buffer: the number of step states held per chunk in the backward pass.
         keep_first: keep the first step's stage states of each segment from
             the forward pass (see above) instead of recomputing them.
-        unroll_first: pull a one-step segment back with its stages unrolled
-            at trace time (one copy of the vector field and of its VJP per
-            stage) rather than in a run-time loop over a stage buffer;
-            faster, at some compile time (see `AbstractERK.step_vjp`). Steps
-            that are replayed always use the loop.
+        unroll_first: pull every step back with its stages unrolled at
+            trace time (one copy of the vector field and of its VJP per
+            stage) rather than in a run-time loop over a stage buffer
+            (which then also keeps a replayed step's stage states, `stages`
+            times the buffer's memory); faster, at some compile time (see
+            `AbstractERK.step_vjp`).
     """
 
     buffer: int = eqx.field(static=True, default=16)
@@ -88,6 +93,10 @@ class CheckpointAdjoint(AbstractAdjoint):
         else:
             stages0 = None
         erk = isinstance(solver, AbstractERK)
+        if erk and self.unroll_first and stages0 is None:
+            return _unrolled_segment_backward(
+                ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, self.buffer
+            )
         fwd_step, pull_back = _step_and_pull_back(ctx, a, times_k, a_p, u_l, up, erk)
         B = self.buffer
         _, kept0 = jax.eval_shape(fwd_step, 0, y_a)
@@ -111,6 +120,53 @@ class CheckpointAdjoint(AbstractAdjoint):
             return dy, list(dap), list(dup)
 
         return lax.cond(n == 1, one_step, chunked, adj_y)
+
+
+def _unrolled_segment_backward(ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, buffer):
+    """The pull-back through a segment's `n` steps of an explicit Runge-Kutta
+    method, each step by one unrolled program (`AbstractERK.step_vjp(...,
+    unroll=True)`, its stages recomputed from the state before it).
+
+    One step (the usual case) is pulled back from the segment's start state;
+    several are replayed in chunks of `buffer` (`_pull_back_in_chunks`, the
+    states before the steps kept) and pulled back one by one. Each call of
+    the pull-back is a branch of a `cond` whose operands (the step's times,
+    its start state, the cotangent) are whole buffers: its fused kernels are
+    then the same in both places, and XLA CPU compiles identical kernels
+    once; and no dynamic index into the step times is fused into them, which
+    made the same kernels several times slower in a loop body (measurements:
+    `epifit/ode/README.md`).
+    """
+    solver = ctx.integ.solver
+
+    def f(t, y, th):
+        return ctx.vf(t, y, th[0], th[1], u_l)
+
+    def pull_step(ops):
+        t0, t1, y0, adj = ops
+        dy, (dap, dup) = solver.step_vjp(f, t0, t1, y0, (a_p, up), adj, unroll=True)
+        return dy, list(dap), list(dup)
+
+    def never(ops):  # `pull_back`'s other branch, for the cond's sake
+        return ops[3], [jnp.zeros_like(x) for x in a_p], [jnp.zeros_like(x) for x in up]
+
+    def t_of(i):
+        return jnp.where(i == 0, a, times_k[jnp.maximum(i - 1, 0)])
+
+    def fwd_step(i, y):
+        y1, _ = solver.loop_step(f, t_of(i), times_k[i], y, (a_p, up))
+        return y1, y
+
+    def pull_back(i, y_i, adj):
+        return lax.cond(i >= 0, pull_step, never, (t_of(i), times_k[i], y_i, adj))
+
+    def replayed(ops):
+        n_chunks = (n + buffer - 1) // buffer
+        return _pull_back_in_chunks(
+            fwd_step, pull_back, y_a, y_a, ops[3], a_p, up, n, n_chunks, buffer
+        )
+
+    return lax.cond(n == 1, pull_step, replayed, (a, times_k[0], y_a, adj_y))
 
 
 def _step_and_pull_back(ctx, a, times_k, a_p, u_l, up, erk):
