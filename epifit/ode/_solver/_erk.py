@@ -56,6 +56,31 @@ def _combine(y0, dt, coeffs, ks):
     return jtu.tree_map(leaf, y0, *[k for _, k in pairs])
 
 
+def _stage_slope(vf, t, y, args, u, like):
+    """`vf(t, y, args, u)` for a stage of the forward step, on the CPU behind
+    a `cond` (on `isnan(t)`, whose other branch fills NaN in the structure of
+    the slope `like`).
+
+    The stage state `y = y0 + h sum_j a_ij k_j` is then one buffer, not fused
+    into every kernel of the vector field, so those kernels are the same for
+    every stage and XLA CPU compiles them once (it reuses identical fused
+    kernels): on the reference problem the loss compiles 20-28% faster (0.75-
+    0.92 against 1.00-1.25 s) and its `value_and_grad` 6-12% faster, for
+    0-3% more run time of the loss (the combination written once and read by
+    the kernels instead of recomputed in each; measurements:
+    `epifit/ode/README.md`). A NaN time gives NaN slopes (its stage state
+    is NaN then too: the step fails either way). Other backends call `vf`
+    directly.
+    """
+    if jax.default_backend() != "cpu":
+        return vf(t, y, args, u)
+
+    def nan(ops):
+        return jtu.tree_map(lambda k: jnp.full_like(k, jnp.nan), like)
+
+    return lax.cond(jnp.isnan(t), nan, lambda ops: vf(*ops), (t, y, args, u))
+
+
 class AbstractERK(AbstractSolver):
     """An explicit Runge-Kutta method given by its tableau."""
 
@@ -100,7 +125,7 @@ class AbstractERK(AbstractSolver):
                 ti = t1
             else:
                 ti = t0 + ci * dt
-            ks.append(vf(ti, yi, args, u))
+            ks.append(_stage_slope(vf, ti, yi, args, u, like=k0))
         if y1 is None:
             y1 = _combine(y0, dt, tab.b, ks)
         if tab.b_error is None:
