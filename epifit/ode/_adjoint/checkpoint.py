@@ -22,9 +22,10 @@ class CheckpointAdjoint(AbstractAdjoint):
     the segment's start state, keeping at most `buffer` step states in memory,
     and back-propagates through them one step at a time (a VJP of one
     Runge-Kutta step: for explicit methods the discrete adjoint recursion over
-    the stage states kept by the replay). The accepted step sizes are treated
-    as constants, as is standard for discrete adjoints: the result is the exact
-    derivative of the computed solution on its mesh.
+    the stage states, recomputed from the step's start state). The accepted
+    step sizes are treated as constants, as is standard for discrete
+    adjoints: the result is the exact derivative of the computed solution on
+    its mesh.
 
     **Memory**: `O(n_segments * |y|)` for the boundary states, plus
     `O(buffer * |y|)` in the backward pass, plus `O(n_segments * max_steps)`
