@@ -33,6 +33,7 @@ import epifit.model as em
 from epifit.fitting import FreeParameters, Objective
 from epifit.ode import (
     CheckpointAdjoint,
+    PIDController,
     solve,
 )
 from epifit.simulation import Problem, SolverSettings
@@ -349,3 +350,62 @@ def test_gradients_of_reported_open_and_time_varying_pieces_agree_across_adjoint
     for adjoint, g in grads.items():
         assert _rel(g, fd) < 1e-5, adjoint
         assert _rel(g, grads["checkpoint"]) < 1e-5, adjoint
+
+
+@pytest.mark.parametrize(("spacing", "rtol"), [(1.0, 1e-3), (3.0, 1e-6)])
+def test_kept_forces_give_the_recomputed_gradient(spacing, rtol, monkeypatch):
+    """The checkpoint adjoint keeps the forces of infection of the forward
+    pass (`keep_values`) and its pull-back takes them instead of computing
+    them again: the gradient is the same to rounding (float64) on segments
+    of about one step (daily) and of several (every 3 days, replayed), and
+    the kept values are taken by Tsit5's five stages after the first (one
+    pull-back program serves one-step and replayed steps)."""
+    import epifit.model._once as once
+
+    taken = []
+    take = once.kept_value
+
+    def counting_take():
+        v = take()
+        if v is not None:
+            taken.append(v)
+        return v
+
+    monkeypatch.setattr(once, "kept_value", counting_take)
+    model = em.compile_model(em.load_model("models/seird_boxcar.toml"))
+    params = model.init_params(3)
+    y0 = model.initial_state(params, {}, 3)
+    free, static = eqx.partition(params, eqx.is_inexact_array)
+    ctrl = PIDController(rtol=rtol, atol=1e-9)
+    ts = np.arange(0.0, 30.0 + spacing / 2, spacing)
+
+    def trajectory(free, adjoint):
+        p = eqx.combine(free, static)
+        args, inputs = model.precompute(p, {}, 3)
+        return solve(
+            model.vector_field,
+            y0,
+            args,
+            ts=ts,
+            inputs=inputs,
+            adjoint=adjoint,
+            stepsize_controller=ctrl,
+        )
+
+    def loss(free, adjoint):
+        sol = trajectory(free, adjoint)
+        return jnp.sum(sol.ys["D"] ** 2) * 1e4 + jnp.sum(sol.ys["IR"])
+
+    steps = int(trajectory(free, None).stats["num_accepted_steps"])
+    if spacing == 1.0:
+        assert steps < 1.5 * (ts.size - 1)  # mostly one step a segment
+    else:
+        assert steps > 2 * (ts.size - 1)  # several: replayed
+
+    plain = jax.grad(lambda f: loss(f, CheckpointAdjoint(keep_values=False)))(free)
+    assert not taken
+    g = jax.grad(lambda f: loss(f, CheckpointAdjoint()))(free)
+    # one pull-back program (its trace serves both conds): five stages
+    assert len(taken) == 5
+    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(plain), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-300)

@@ -7,6 +7,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from epifit.ode import kept_value, note_value
+
 
 def computed_once(fn, t, *operands):
     """`fn(*operands)`, computed once into its own buffer on the CPU backend.
@@ -24,14 +26,21 @@ def computed_once(fn, t, *operands):
     primal of a linearisation would run again in every backward step), so
     forward and reverse mode work; only an undifferentiated evaluation goes
     through the loop. A NaN `t` gives a NaN result (the loop then runs no trip).
+
+    The value is noted for the ODE core (`epifit.ode`'s checkpoint adjoint
+    keeps it from the forward pass), and a linearisation takes a kept value
+    as its primal where one is handed back, so the pull-back's recomputed
+    stages compute only its tangent.
     """
-    if jax.default_backend() != "cpu":
-        return fn(*operands)
-    return _once(fn, jnp.asarray(t), operands)
+    out = _once(fn, jnp.asarray(t), operands)
+    note_value(out)
+    return out
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
 def _once(fn, t, operands):
+    if jax.default_backend() != "cpu":
+        return fn(*operands)
     shape = jax.eval_shape(fn, *operands)
     start = jnp.where(jnp.isnan(t), 1, 0).astype(jnp.int32)
     init = (start, jax.tree.map(lambda s: jnp.full(s.shape, jnp.nan, s.dtype), shape))
@@ -44,4 +53,8 @@ def _once(fn, t, operands):
 def _once_jvp(fn, primals, tangents):
     _, operands = primals
     _, d_operands = tangents
-    return jax.jvp(fn, operands, d_operands)
+    value, tangent = jax.jvp(fn, operands, d_operands)
+    given = kept_value()
+    if given is not None:  # the forward pass's value: `value` is then unused
+        value = jax.tree.map(lambda g, v: g.astype(v.dtype), given, value)
+    return value, tangent

@@ -15,6 +15,8 @@ from ._errors import SolverError as SolverError
 from ._inputs import PiecewiseConstant as PiecewiseConstant
 from ._jacobian import forward_gradient as forward_gradient
 from ._jacobian import jacobian as jacobian
+from ._kept import kept_value as kept_value
+from ._kept import note_value as note_value
 from ._solution import Solution as Solution
 from ._solve import solve as solve
 from ._solver import RK4 as RK4

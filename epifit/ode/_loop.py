@@ -199,7 +199,11 @@ class Integrator(eqx.Module):
 
         dt = jnp.minimum(dt, b - a)
         acc0 = None if quad is None else quad[1]
-        if keep_first:
+        if keep_first == "values":
+            s = self.solver.n_kept_stages - 1
+            noted = self.solver.noted_shapes(self.vf, a, y, args, u)
+            first0 = jtu.tree_map(lambda x: jnp.zeros((s, *x.shape), x.dtype), noted)
+        elif keep_first:
             s = self.solver.n_kept_stages
             first0 = jtu.tree_map(lambda x: jnp.zeros((s, *x.shape), x.dtype), y)
         else:
@@ -298,7 +302,9 @@ class Integrator(eqx.Module):
         n_evals, stages)`, with the stage states only with `keep_first`."""
         solver, vf = self.solver, self.vf
         if keep_first:
-            return solver.step_with_stages(vf, c.t, t1, c.y, args, u, c.fstate)
+            return solver.step_with_stages(
+                vf, c.t, t1, c.y, args, u, c.fstate, values=keep_first == "values"
+            )
         return (*solver.step(vf, c.t, t1, c.y, args, u, c.fstate), None)
 
     def _adapt(self, c, y1, y_err, h):
@@ -357,7 +363,7 @@ class Integrator(eqx.Module):
         `O(n_seg * max_steps)` step times (and `O(n_seg * stages * |y|)` with
         `keep_first`). Segments after a failure take no step.
         """
-        keep_first = keep_first and record and self.can_keep_first
+        keep_first = keep_first if record and self.can_keep_first else False
         dtype = jnp.result_type(*jtu.tree_leaves(y0))
         bounds = jnp.asarray(grid.bounds, dtype)
         xs = _segment_xs(grid, bounds)

@@ -58,11 +58,20 @@ class CheckpointAdjoint(AbstractAdjoint):
             (which then also keeps a replayed step's stage states, `stages`
             times the buffer's memory); faster, at some compile time (see
             `AbstractERK.step_vjp`).
+        keep_values: with `unroll_first` (and not `keep_first`), the forward
+            pass keeps the values the vector field notes in each segment's
+            first step (`computed_once`'s forces of infection, for an
+            `epifit` model: a few numbers per patch and stage), and a
+            replayed step keeps its own, so the pull-back's recomputed
+            stages do not compute them again: the reference gradient about
+            9% faster, bit for bit in float64. Nothing is kept for a vector
+            field that notes nothing.
     """
 
     buffer: int = eqx.field(static=True, default=16)
     keep_first: bool = eqx.field(static=True, default=False)
     unroll_first: bool = eqx.field(static=True, default=True)
+    keep_values: bool = eqx.field(static=True, default=True)
 
     def __check_init__(self):
         if self.buffer < 1:
@@ -80,8 +89,19 @@ class CheckpointAdjoint(AbstractAdjoint):
             values,
             dt0,
             record=True,
-            keep_first=self.keep_first,
+            keep_first=self._keep_mode,
         )
+
+    @property
+    def _keep_mode(self):
+        """What the forward pass keeps of each segment's first step: its stage
+        states (`keep_first`), the values the vector field noted
+        (`keep_values`, with the unrolled pull-back), or nothing."""
+        if self.keep_first:
+            return True
+        if self.keep_values and self.unroll_first:
+            return "values"
+        return False
 
     def segment_backward(self, ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, times_k, n):
         """The pull-back through segment `k`'s `n` accepted steps (see the
@@ -93,10 +113,13 @@ class CheckpointAdjoint(AbstractAdjoint):
             times_k, stages0 = times_k
         else:
             stages0 = None
+        values0 = None
+        if self._keep_mode == "values":
+            values0, stages0 = stages0, None
         erk = isinstance(solver, AbstractERK)
         if erk and self.unroll_first and stages0 is None:
             return _unrolled_segment_backward(
-                ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, self.buffer
+                ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, self.buffer, values0
             )
         fwd_step, pull_back = _step_and_pull_back(ctx, a, times_k, a_p, u_l, up, erk)
         B = self.buffer
@@ -123,7 +146,9 @@ class CheckpointAdjoint(AbstractAdjoint):
         return lax.cond(n == 1, one_step, chunked, adj_y)
 
 
-def _unrolled_segment_backward(ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, buffer):
+def _unrolled_segment_backward(
+    ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, buffer, values0=None
+):
     """The pull-back through a segment's `n` steps of an explicit Runge-Kutta
     method, each step by one unrolled program (`AbstractERK.step_vjp(...,
     unroll=True)`, its stages recomputed from the state before it).
@@ -144,30 +169,57 @@ def _unrolled_segment_backward(ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, buf
         return ctx.vf(t, y, th[0], th[1], u_l)
 
     def pull_step(ops):
-        t0, t1, y0, adj = ops
-        dy, (dap, dup) = solver.step_vjp(f, t0, t1, y0, (a_p, up), adj, unroll=True)
+        t0, t1, y0, adj, values = ops
+        dy, (dap, dup) = solver.step_vjp(
+            f, t0, t1, y0, (a_p, up), adj, unroll=True, values=values
+        )
         return dy, list(dap), list(dup)
 
-    def never(ops):  # `pull_back`'s other branch, for the cond's sake
+    def never(ops):  # the other branch of the conds below, for their sake
         return ops[3], [jnp.zeros_like(x) for x in a_p], [jnp.zeros_like(x) for x in up]
 
     def t_of(i):
         return jnp.where(i == 0, a, times_k[jnp.maximum(i - 1, 0)])
 
-    def fwd_step(i, y):
-        y1, _ = solver.loop_step(f, t_of(i), times_k[i], y, (a_p, up))
-        return y1, y
+    if values0 is None:
 
-    def pull_back(i, y_i, adj):
-        return lax.cond(i >= 0, pull_step, never, (t_of(i), times_k[i], y_i, adj))
+        def fwd_step(i, y):
+            y1, _ = solver.loop_step(f, t_of(i), times_k[i], y, (a_p, up))
+            return y1, (y, None)
+
+    else:
+        vf, args, u = ctx.integ.vf, ctx.args(a_p), ctx.inputs(u_l, up)
+
+        def step_ops(ops):
+            # the forward pass's own step (its kernels compiled once for both),
+            # keeping the values its stages note for the pull-back
+            t0, t1, y = ops
+            k0, _ = solver.init(vf, t0, y, args, u)
+            out = solver.step_with_stages(vf, t0, t1, y, args, u, k0, values=True)
+            return out[0], out[4]
+
+        def no_step(ops):  # the cond's other branch: the shapes of `step_ops`
+            return jtu.tree_map(jnp.zeros_like, (ops[2], values0))
+
+        def fwd_step(i, y):
+            ops = (t_of(i), times_k[i], y)
+            y1, values = lax.cond(i >= 0, step_ops, no_step, ops)
+            return y1, (y, values)
+
+    def pull_back(i, kept, adj):
+        y_i, values = kept
+        ops = (t_of(i), times_k[i], y_i, adj, values)
+        return lax.cond(i >= 0, pull_step, never, ops)
 
     def replayed(ops):
         n_chunks = (n + buffer - 1) // buffer
+        kept0 = (y_a, values0)
         return _pull_back_in_chunks(
-            fwd_step, pull_back, y_a, y_a, ops[3], a_p, up, n, n_chunks, buffer
+            fwd_step, pull_back, kept0, y_a, ops[3], a_p, up, n, n_chunks, buffer
         )
 
-    return lax.cond(n == 1, pull_step, replayed, (a, times_k[0], y_a, adj_y))
+    ops = (a, times_k[0], y_a, adj_y, values0)
+    return lax.cond(n == 1, pull_step, replayed, ops)
 
 
 def _step_and_pull_back(ctx, a, times_k, a_p, u_l, up, erk):

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import jax.tree_util as jtu
 import numpy as np
 
+from .._kept import injecting, recording
 from .base import AbstractAdaptiveSolver, AbstractSolver
 
 
@@ -56,10 +57,11 @@ def _combine(y0, dt, coeffs, ks):
     return jtu.tree_map(leaf, y0, *[k for _, k in pairs])
 
 
-def _stage_slope(vf, t, y, args, u, like):
+def _stage_slope(vf, t, y, args, u, like, noted_like=None):
     """`vf(t, y, args, u)` for a stage of the forward step, on the CPU behind
     a `cond` (on `isnan(t)`, whose other branch fills NaN in the structure of
-    the slope `like`).
+    the slope `like`). With `noted_like` (the shapes of the values the vector
+    field notes, [`AbstractERK.noted_shapes`][]), `(slope, noted values)`.
 
     The stage state `y = y0 + h sum_j a_ij k_j` is then one buffer, not fused
     into every kernel of the vector field, so those kernels are the same for
@@ -72,13 +74,24 @@ def _stage_slope(vf, t, y, args, u, like):
     is NaN then too: the step fails either way). Other backends call `vf`
     directly.
     """
+    ops = (t, y, args, u)
+    record = noted_like is not None
+
+    def run(ops):
+        if not record:
+            return vf(*ops)
+        with recording() as noted:
+            k = vf(*ops)
+        return k, noted
+
     if jax.default_backend() != "cpu":
-        return vf(t, y, args, u)
+        return run(ops)
+    shapes = (like, noted_like) if record else like
 
     def nan(ops):
-        return jtu.tree_map(lambda k: jnp.full_like(k, jnp.nan), like)
+        return jtu.tree_map(lambda k: jnp.full(k.shape, jnp.nan, k.dtype), shapes)
 
-    return lax.cond(jnp.isnan(t), nan, lambda ops: vf(*ops), (t, y, args, u))
+    return lax.cond(jnp.isnan(t), nan, run, ops)
 
 
 class AbstractERK(AbstractSolver):
@@ -101,11 +114,25 @@ class AbstractERK(AbstractSolver):
     def step(self, vf, t0, t1, y0, args, u, state):
         return self.step_with_stages(vf, t0, t1, y0, args, u, state)[:4]
 
-    def step_with_stages(self, vf, t0, t1, y0, args, u, state):
+    def noted_shapes(self, vf, t, y, args, u):
+        """The values `vf` notes (`note_value`) in one evaluation, as shapes
+        (a list; traces `vf` once, runs nothing)."""
+
+        def run():
+            with recording() as noted:
+                vf(t, y, args, u)
+            return noted
+
+        return jax.eval_shape(run)
+
+    def step_with_stages(self, vf, t0, t1, y0, args, u, state, values=False):
         """[`step`][] that also returns the stage states `Y_i` (stacked on a
         new leading axis, in the layout of [`loop_step`][]) of the stages that
         influence `y1`, for the discrete adjoint (unused outputs cost nothing
-        once compiled)."""
+        once compiled). With `values`, instead of the stage states: the
+        values the vector field noted (`note_value`) in the evaluations of
+        those stages after the first, each stacked over them (a list, empty
+        where it noted none)."""
         tab = self.tableau
         dt = jnp.asarray(t1 - t0)
         if tab.fsal:
@@ -116,6 +143,8 @@ class AbstractERK(AbstractSolver):
             n_evals = tab.n_stages
         ks = [k0]
         stage_states = [y0]
+        noted = []
+        noted_like = self.noted_shapes(vf, t0, y0, args, u) if values else None
         y1 = None
         for i, (ci, ai) in enumerate(zip(tab.c, tab.a, strict=True)):
             yi = _combine(y0, dt, ai, ks)
@@ -125,7 +154,14 @@ class AbstractERK(AbstractSolver):
                 ti = t1
             else:
                 ti = t0 + ci * dt
-            ks.append(_stage_slope(vf, ti, yi, args, u, like=k0))
+            # every stage records (identical branches, one set of kernels);
+            # the stages that influence `y1`, after the first, are kept
+            k = _stage_slope(vf, ti, yi, args, u, like=k0, noted_like=noted_like)
+            if values:
+                k, v = k
+                if i < self.n_kept_stages - 1:
+                    noted.append(v)
+            ks.append(k)
         if y1 is None:
             y1 = _combine(y0, dt, tab.b, ks)
         if tab.b_error is None:
@@ -133,9 +169,12 @@ class AbstractERK(AbstractSolver):
         else:
             y_error = _combine(None, dt, tab.b_error, ks)
         new_state = ks[-1] if tab.fsal else None
-        stages = jtu.tree_map(
-            lambda *x: jnp.stack(x), *stage_states[: self.n_kept_stages]
-        )
+        if values:
+            stages = jtu.tree_map(lambda *x: jnp.stack(x), *noted)
+        else:
+            stages = jtu.tree_map(
+                lambda *x: jnp.stack(x), *stage_states[: self.n_kept_stages]
+            )
         return y1, y_error, new_state, n_evals, stages
 
     def _coefficients(self, t0, t1, dtype):
@@ -184,7 +223,9 @@ class AbstractERK(AbstractSolver):
         _, _, b, _, h, (Ys, K) = self._stages(f, t0, t1, y0, theta)
         return y0 + h * jnp.tensordot(b, K, axes=1), Ys
 
-    def step_vjp(self, f, t0, t1, y0, theta, ct, stage_states=None, unroll=False):
+    def step_vjp(
+        self, f, t0, t1, y0, theta, ct, stage_states=None, unroll=False, values=None
+    ):
         """The VJP of one step on a flat state, by the discrete adjoint recursion.
 
         `f(t, y, theta)` is the vector field with its differentiated arguments
@@ -217,7 +258,9 @@ class AbstractERK(AbstractSolver):
         """
         if unroll:
             h = (t1 - t0).astype(ct.dtype)
-            return self._step_vjp_unrolled(f, t0, h, y0, stage_states, theta, ct)
+            return self._step_vjp_unrolled(
+                f, t0, h, y0, stage_states, theta, ct, values
+            )
         if stage_states is None:
             s, A, b, c, h, (Ys, _) = self._stages(f, t0, t1, y0, theta)
         else:
@@ -239,12 +282,14 @@ class AbstractERK(AbstractSolver):
         nu, mus = lax.fori_loop(0, s, back, (zeros, zeros))
         return ct + nu.sum(axis=0), _theta_vjp(f, t0 + c * h, Ys, mus, theta)
 
-    def _step_vjp_unrolled(self, f, t0, h, y0, Ys, theta, ct):
+    def _step_vjp_unrolled(self, f, t0, h, y0, Ys, theta, ct, values=None):
         """[`step_vjp`][] with the stages unrolled at trace time.
 
         Without the stage states `Ys`, they are recomputed from `y0`, and each
         stage's slope and the linearisation its VJP needs come from one
-        evaluation (`jax.vjp`), not two.
+        evaluation (`jax.vjp`), not two. `values` (from
+        `step_with_stages(..., values=True)`) are handed back to the
+        evaluations of the stages after the first (handed back to `kept_value`).
         """
         s, a, b, c = self._kept_tableau()
         vjps = []
@@ -252,7 +297,15 @@ class AbstractERK(AbstractSolver):
         states = []
         for i in range(s):
             yi = Ys[i] if Ys is not None else _combine(y0, h, a[i, :i], ks)
-            ki, vjp = jax.vjp(lambda y, ci=float(c[i]): f(t0 + ci * h, y, theta), yi)
+            given = (
+                []
+                if values is None or i == 0
+                else [jtu.tree_map(lambda a, j=i - 1: a[j], v) for v in values]
+            )
+            with injecting(given):
+                ki, vjp = jax.vjp(
+                    lambda y, ci=float(c[i]): f(t0 + ci * h, y, theta), yi
+                )
             if Ys is None:  # the slopes build the next stage states
                 ks.append(ki)
             vjps.append(vjp)

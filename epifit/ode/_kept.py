@@ -1,0 +1,69 @@
+"""Values a vector field computes once per evaluation, kept by the forward
+pass for the backward pass's recomputed stages.
+
+A vector field may mark a sub-expression it computes once per evaluation
+(`epifit.model`'s `computed_once`: a force of infection) by calling
+[`note_value`][] with its value and, in its JVP rule, [`kept_value`][] for
+a value to use as the primal. The explicit Runge-Kutta step records the noted values
+of its stages (`recording`) where the checkpoint adjoint asks for them, and
+the one-step pull-back hands them back (`injecting`), so the stages it
+recomputes do not compute them again (measurements: `epifit/ode/README.md`).
+Both contexts act at trace time only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+_RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "epifit_ode_record", default=None
+)
+_INJECT: contextvars.ContextVar[list | None] = contextvars.ContextVar(
+    "epifit_ode_inject", default=None
+)
+
+
+def note_value(value) -> None:
+    """Offer `value`, a sub-expression of the vector field computed once per
+    evaluation (a pytree of arrays), to be kept by the forward pass of
+    `CheckpointAdjoint(keep_values=True)`; elsewhere it does nothing.
+
+    The same sub-expression's JVP rule then asks [`kept_value`][] for the
+    value to use as its primal, so the backward pass's recomputed stages
+    need only its tangent. Call it in the same order in every evaluation.
+    """
+    out = _RECORD.get()
+    if out is not None:
+        out.append(value)
+
+
+def kept_value():
+    """The value the forward pass kept for the next noted sub-expression
+    (see [`note_value`][]) while the backward pass linearises a stage, else
+    None (then compute it)."""
+    queue = _INJECT.get()
+    if queue:
+        return queue.pop(0)
+    return None
+
+
+@contextlib.contextmanager
+def recording():
+    """Collect the values noted within, in order, into the list yielded."""
+    out: list = []
+    token = _RECORD.set(out)
+    try:
+        yield out
+    finally:
+        _RECORD.reset(token)
+
+
+@contextlib.contextmanager
+def injecting(values):
+    """Hand `values` (a list, in the order they were noted) to `take`."""
+    token = _INJECT.set(list(values))
+    try:
+        yield
+    finally:
+        _INJECT.reset(token)
