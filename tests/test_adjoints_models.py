@@ -9,6 +9,7 @@ workers.)"""
 from __future__ import annotations
 
 import functools
+from pathlib import Path
 
 import diffrax
 import equinox as eqx
@@ -352,14 +353,39 @@ def test_gradients_of_reported_open_and_time_varying_pieces_agree_across_adjoint
         assert _rel(g, grads["checkpoint"]) < 1e-5, adjoint
 
 
-@pytest.mark.parametrize(("spacing", "rtol"), [(1.0, 1e-3), (3.0, 1e-6)])
-def test_kept_forces_give_the_recomputed_gradient(spacing, rtol, monkeypatch):
-    """The checkpoint adjoint keeps the forces of infection of the forward
-    pass (`keep_values`) and its pull-back takes them instead of computing
-    them again: the gradient is the same to rounding (float64) on segments
-    of about one step (daily) and of several (every 3 days, replayed), and
-    the kept values are taken by Tsit5's five stages after the first (one
-    pull-back program serves one-step and replayed steps)."""
+def _coupled_boxcar():
+    """`models/seird_boxcar.toml` with its force of infection coupled across
+    three patches through a `travel` matrix covariate scaled per patch."""
+    text = Path("models/seird_boxcar.toml").read_text()
+    text = text.replace(
+        "[[infections]]",
+        'mix = { value = 0.3, transform = "softplus", per_patch = true }\n\n'
+        "[covariates]\n"
+        'travel = { dims = ["patch", "patch_to"] }\n\n'
+        "[couplings.mixing]\n"
+        'covariate = "travel"\n'
+        'scale = "mix"\n\n'
+        "[[infections]]\n"
+        'coupling = "mixing"',
+        1,
+    )
+    return em.compile_model(em.loads_model(text, name="seird_boxcar_coupled"))
+
+
+@pytest.mark.parametrize(
+    ("spacing", "rtol", "sparse"), [(1.0, 1e-3, False), (3.0, 1e-6, True)]
+)
+def test_kept_products_give_the_recomputed_gradient(spacing, rtol, sparse, monkeypatch):
+    """The checkpoint adjoint keeps the coupling products of the forward
+    pass (`keep_values`; `computed_once` around the product) and its
+    pull-back takes them instead of computing them again: the gradient is
+    the same to rounding (float64) on segments of about one step (daily)
+    and of several (every 3 days, replayed), with a dense and a sparse
+    coupling. The kept values are taken by Tsit5's six stage
+    linearisations (the first stage's from one evaluation of the product)
+    and by the parameters' batched pull-back, once each in the one
+    pull-back program that serves one-step and replayed segments."""
+    import epifit.model._coupling as coupling
     import epifit.model._once as once
 
     taken = []
@@ -372,16 +398,21 @@ def test_kept_forces_give_the_recomputed_gradient(spacing, rtol, monkeypatch):
         return v
 
     monkeypatch.setattr(once, "kept_value", counting_take)
-    model = em.compile_model(em.load_model("models/seird_boxcar.toml"))
+    # three patches: a product this small is computed where it is read
+    # unless the threshold says otherwise
+    monkeypatch.setattr(coupling, "ONCE_MIN_WORK", 0)
+    model = _coupled_boxcar()
     params = model.init_params(3)
     y0 = model.initial_state(params, {}, 3)
     free, static = eqx.partition(params, eqx.is_inexact_array)
     ctrl = PIDController(rtol=rtol, atol=1e-9)
     ts = np.arange(0.0, 30.0 + spacing / 2, spacing)
+    travel = np.array([[0.0, 0.4, 0.0], [0.2, 0.0, 0.3], [0.5, 0.1, 0.0]])
+    cov = {"travel": em.sparse_coupling(travel) if sparse else jnp.asarray(travel)}
 
     def trajectory(free, adjoint):
         p = eqx.combine(free, static)
-        args, inputs = model.precompute(p, {}, 3)
+        args, inputs = model.precompute(p, cov, 3)
         return solve(
             model.vector_field,
             y0,
@@ -405,7 +436,7 @@ def test_kept_forces_give_the_recomputed_gradient(spacing, rtol, monkeypatch):
     plain = jax.grad(lambda f: loss(f, CheckpointAdjoint(keep_values=False)))(free)
     assert not taken
     g = jax.grad(lambda f: loss(f, CheckpointAdjoint()))(free)
-    # one pull-back program (its trace serves both conds): five stages
-    assert len(taken) == 5
+    assert len(taken) == 7  # six stages, and the parameters' pull-back
+    assert np.all(np.abs(np.asarray(plain["mix"])) > 0)  # the coupling matters
     for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(plain), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-300)

@@ -70,3 +70,44 @@ def test_under_vmap_with_batched_time(operands):
 def test_a_nan_time_gives_nan_not_a_stale_value(operands):
     out = jax.jit(lambda t: computed_once(_force, t, *operands))(jnp.nan)
     assert np.all(np.isnan(out))
+
+
+def _loops(model, n, cov):
+    params = model.init_params(n)
+    y0 = model.initial_state(params, cov, n)
+    args, inputs = model.precompute(params, cov, n)
+    jaxpr = jax.make_jaxpr(model.vector_field)(0.5, y0, args, inputs)
+    return str(jaxpr).count(" while[")
+
+
+@pytest.mark.parametrize(
+    ("n", "sparse", "loops"),
+    [(3, False, 0), (48, False, 1), (64, True, 0), (280, True, 1)],
+)
+def test_only_a_large_coupling_product_is_computed_once(n, sparse, loops):
+    """The vector field computes its coupling product once into its own buffer
+    (a one-trip loop) only where the product costs at least `ONCE_MIN_WORK`
+    multiply-adds (48 x 48 dense, 280 x 8 sparse); a smaller one is cheaper
+    computed where it is read, and a model without coupling has none."""
+    from pathlib import Path
+
+    import epifit.model as em
+    from epifit.model._coupling import ONCE_MIN_WORK
+
+    text = Path("models/seir_age3.toml").read_text()
+    text = text.replace("value = [1.0, 1.0, 1.0]", "value = 1.0")
+    model = em.compile_model(em.loads_model(text))
+    rng = np.random.default_rng(1)
+    k = 8
+    contacts = np.zeros((n, n))
+    for p in range(n):
+        contacts[p, rng.choice(n, size=min(k, n), replace=False)] = 1.0
+    cov = {
+        "population": jnp.asarray(rng.uniform(1e5, 1e6, n)),
+        "contacts": em.sparse_coupling(contacts) if sparse else jnp.asarray(contacts),
+    }
+    work = n * k if sparse else n * n
+    assert (work >= ONCE_MIN_WORK) == bool(loops)
+    assert _loops(model, n, cov) == loops
+    plain = em.compile_model(em.load_model("models/seird_boxcar.toml"))
+    assert _loops(plain, n, {}) == 0

@@ -8,6 +8,8 @@ as two small contractions and never formed.
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
@@ -137,6 +139,7 @@ def coupled_mass(
     *,
     symmetrize: bool,
     multiplier: float,
+    once=None,
 ) -> Float[Array, " patch"]:
     """`multiplier * scale * (C @ i)`, with `C + Cᵀ` in place of `C` if symmetrized.
 
@@ -147,20 +150,59 @@ def coupled_mass(
     matrix-vector products and no new `(patch, patch)` array.
     A `KronCoupling` is applied as `M @ X @ Cᵀ` on the cells reshaped to
     `(patch, stratum)` (see there).
+
+    `once(fn, *operands)`, if given, evaluates the product `C @ i` where it
+    costs at least `ONCE_MIN_WORK` multiply-adds (the vector field passes
+    `computed_once`: the product is then one buffer, and the value the
+    checkpoint adjoint keeps); a smaller product is cheaper computed where
+    it is read (measurements: `epifit/model/README.md`).
     """
-    if isinstance(matrix, KronCoupling):
-        ci = _kron_product(matrix, i, symmetrize)
-    elif isinstance(matrix, SparseCoupling):
-        w, cols = matrix.values, matrix.columns
-        ci = jnp.sum(w * i[cols], axis=-1)
-        if symmetrize:
-            ci = ci + jnp.zeros_like(i).at[cols].add(w * i[:, None])
+    product = functools.partial(coupled_product, symmetrize=symmetrize)
+    if once is None or product_work(matrix) < ONCE_MIN_WORK:
+        ci = product(i, matrix)
     else:
-        ci = matrix @ i
-        if symmetrize:
-            ci = ci + i @ matrix
+        ci = once(product, i, matrix)
     if scale is not None:
         ci = scale * ci
     if multiplier != 1.0:
         ci = multiplier * ci
+    return ci
+
+
+# The smallest coupling product (multiply-adds) computed once into its own
+# buffer by the vector field (see `coupled_mass`).
+ONCE_MIN_WORK = 2048
+
+
+def product_work(
+    matrix: Float[Array, "patch patch_to"] | SparseCoupling | KronCoupling,
+) -> int:
+    """The multiply-adds of one product `C @ i` (static: from the shapes)."""
+    if isinstance(matrix, KronCoupling):
+        n_strata = matrix.strata.shape[-1]
+        n_patch = product_work(matrix.patch)
+        return n_patch * n_strata + n_strata * n_strata * matrix.patch.shape[-2]
+    if isinstance(matrix, SparseCoupling):
+        return int(np.prod(matrix.columns.shape))
+    return int(np.prod(matrix.shape[-2:]))
+
+
+def coupled_product(
+    i: Float[Array, " patch"],
+    matrix: Float[Array, "patch patch_to"] | SparseCoupling | KronCoupling,
+    *,
+    symmetrize: bool,
+) -> Float[Array, " patch"]:
+    """`C @ i`, or `(C + Cᵀ) @ i` if symmetrized (see [`coupled_mass`][])."""
+    if isinstance(matrix, KronCoupling):
+        return _kron_product(matrix, i, symmetrize)
+    if isinstance(matrix, SparseCoupling):
+        w, cols = matrix.values, matrix.columns
+        ci = jnp.sum(w * i[cols], axis=-1)
+        if symmetrize:
+            ci = ci + jnp.zeros_like(i).at[cols].add(w * i[:, None])
+        return ci
+    ci = matrix @ i
+    if symmetrize:
+        ci = ci + i @ matrix
     return ci

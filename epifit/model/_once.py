@@ -15,8 +15,8 @@ def computed_once(fn, t, *operands):
 
     XLA CPU fuses a producer into every consumer that reads it, and a fused
     loop recomputes the producer for each element it writes. A force of
-    infection read by two compartments (S loses what E gains) is then
-    computed twice per evaluation, coupling gather and reduction included.
+    infection read by two compartments (S loses what E gains) then computes
+    its coupling product (a gather and a reduction) twice per evaluation.
     Wrapping it in a one-trip `while_loop` whose trip count XLA cannot see
     (it depends on the run-time time `t`) makes it a buffer of its own, at
     the cost of one while-loop per evaluation. Other backends get
@@ -28,13 +28,35 @@ def computed_once(fn, t, *operands):
     through the loop. A NaN `t` gives a NaN result (the loop then runs no trip).
 
     The value is noted for the ODE core (`epifit.ode`'s checkpoint adjoint
-    keeps it from the forward pass), and a linearisation takes a kept value
-    as its primal where one is handed back, so the pull-back's recomputed
-    stages compute only its tangent.
+    keeps it from the forward pass). Where the ODE core hands a kept value
+    back (`kept_value`), `fn` is not evaluated: the kept value is the
+    result, and a linearisation computes only the tangent of `fn` (so a
+    pull-back with respect to the parameters alone, whose operands here
+    carry no tangent, computes nothing of it).
     """
-    out = _once(fn, jnp.asarray(t), operands)
+    given = kept_value()
+    if given is not None:  # the forward pass's value, handed back
+        out = _given(fn, given, operands)
+    else:
+        out = _once(fn, jnp.asarray(t), operands)
     note_value(out)
     return out
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
+def _given(fn, value, operands):
+    # `value` is `fn(*operands)`, computed by the forward pass: its tangent is
+    # that of `fn` (which also holds where the backward pass is differentiated
+    # again, as in forward-over-reverse Hessians)
+    return value
+
+
+@_given.defjvp
+def _given_jvp(fn, primals, tangents):
+    value, operands = primals
+    _, d_operands = tangents
+    _, tangent = jax.jvp(fn, operands, d_operands)
+    return value, tangent
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(0,))
@@ -53,8 +75,4 @@ def _once(fn, t, operands):
 def _once_jvp(fn, primals, tangents):
     _, operands = primals
     _, d_operands = tangents
-    value, tangent = jax.jvp(fn, operands, d_operands)
-    given = kept_value()
-    if given is not None:  # the forward pass's value: `value` is then unused
-        value = jax.tree.map(lambda g, v: g.astype(v.dtype), given, value)
-    return value, tangent
+    return jax.jvp(fn, operands, d_operands)

@@ -6,14 +6,14 @@ evaluation reads those rates and forms the flows. Cost per evaluation: one
 elementwise product per outflow and branch, and per infection one force of
 infection (a reduction over the infectious stages, plus one or two coupling
 matrix-vector products, dense `O(patch²)` or sparse `O(patch·k)`; for
-`kron(M, C)` two contractions over the (patch, stratum) cells), computed
-once into its own buffer (`computed_once`) even though two compartments
-read it.
+`kron(M, C)` two contractions over the (patch, stratum) cells). The
+coupling's product is computed once into its own buffer (`computed_once`)
+even though two compartments read the force; it is also the value the
+checkpoint adjoint keeps of each stage.
 """
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax.numpy as jnp
@@ -84,8 +84,7 @@ def right_hand_side(
             if (out.compartment, b.target) in flows:
                 flows[out.compartment, b.target].append(f)
     for inf in plan.infections:
-        force = functools.partial(_force_from, inf, state)
-        lam = computed_once(force, t, y, args, u)
+        lam = _force_of_infection(inf, y, get, once=_once_at(t))
         flow = rows(lam) * y[inf.source]
         loss[inf.source].append(flow)
         new = flow.sum(axis=0) if flow.shape[0] > 1 else flow[0]
@@ -138,13 +137,20 @@ def _open_flows(plan: Plan, y: Y, get, loss, gain, flows) -> None:
             flows[r.edge].append(flow.sum(axis=0) if flow.shape[0] > 1 else flow[0])
 
 
-def _force_from(inf: Infection, state: tuple[Slot, ...], y: Y, args: Args, u):
-    return _force_of_infection(inf, y, _getter(args, u, y, state))
+def _once_at(t):
+    """`once(fn, *operands)`: [`computed_once`][] at time `t`."""
+
+    def once(fn, *operands):
+        return computed_once(fn, t, *operands)
+
+    return once
 
 
-def _force_of_infection(inf: Infection, y: Y, get) -> Float[Array, " patch"]:
+def _force_of_infection(inf: Infection, y: Y, get, once) -> Float[Array, " patch"]:
     """`transmission * (local * i + coupled mass)` with `i` the (weighted,
-    optionally population-normalised) infectious mass of `inf`'s sources."""
+    optionally population-normalised) infectious mass of `inf`'s sources;
+    the coupling's matrix-vector product through `once` (see
+    [`coupled_mass`][epifit.model.coupled_mass])."""
     i = None
     for s in inf.sources:
         x = y[s.compartment]
@@ -172,6 +178,7 @@ def _force_of_infection(inf: Infection, y: Y, get) -> Float[Array, " patch"]:
             None if c.scale is None else get(c.scale),
             symmetrize=c.symmetrize,
             multiplier=c.multiplier,
+            once=once,
         )
         if c.local == 0.0:
             force = coupled

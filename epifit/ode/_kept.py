@@ -2,12 +2,13 @@
 pass for the backward pass's recomputed stages.
 
 A vector field may mark a sub-expression it computes once per evaluation
-(`epifit.model`'s `computed_once`: a force of infection) by calling
-[`note_value`][] with its value and, in its JVP rule, [`kept_value`][] for
-a value to use as the primal. The explicit Runge-Kutta step records the noted values
-of its stages (`recording`) where the checkpoint adjoint asks for them, and
-the one-step pull-back hands them back (`injecting`), so the stages it
-recomputes do not compute them again (measurements: `epifit/ode/README.md`).
+(`epifit.model`'s `computed_once`: a coupling product) by calling
+[`note_value`][] with its value, and ask [`kept_value`][] first for a value
+to use instead of computing it. The explicit Runge-Kutta step records the
+noted values of its stages (`recording`) where the checkpoint adjoint asks
+for them, and the one-step pull-back hands them back (`injecting`) to the
+stages it recomputes and to the parameters' batched pull-back, so neither
+computes them again (measurements: `epifit/ode/README.md`).
 Both contexts act at trace time only.
 """
 
@@ -29,9 +30,9 @@ def note_value(value) -> None:
     evaluation (a pytree of arrays), to be kept by the forward pass of
     `CheckpointAdjoint(keep_values=True)`; elsewhere it does nothing.
 
-    The same sub-expression's JVP rule then asks [`kept_value`][] for the
-    value to use as its primal, so the backward pass's recomputed stages
-    need only its tangent. Call it in the same order in every evaluation.
+    The same sub-expression asks [`kept_value`][] first and, given a value,
+    uses it instead of computing its own (its linearisation then computes
+    only the tangent). Call it in the same order in every evaluation.
     """
     out = _RECORD.get()
     if out is not None:
@@ -40,8 +41,8 @@ def note_value(value) -> None:
 
 def kept_value():
     """The value the forward pass kept for the next noted sub-expression
-    (see [`note_value`][]) while the backward pass linearises a stage, else
-    None (then compute it)."""
+    (see [`note_value`][]) while the backward pass linearises a stage or
+    pulls the parameters back, else None (then compute it)."""
     queue = _INJECT.get()
     if queue:
         return queue.pop(0)

@@ -60,12 +60,14 @@ class CheckpointAdjoint(AbstractAdjoint):
             `AbstractERK.step_vjp`).
         keep_values: with `unroll_first` (and not `keep_first`), the forward
             pass keeps the values the vector field notes in each segment's
-            first step (`computed_once`'s forces of infection, for an
-            `epifit` model: a few numbers per patch and stage), and a
-            replayed step keeps its own, so the pull-back's recomputed
-            stages do not compute them again: the reference gradient about
-            9% faster, bit for bit in float64. Nothing is kept for a vector
-            field that notes nothing.
+            first step (`computed_once`'s coupling products, for an `epifit`
+            model: one number per patch, stage and infection), and a
+            replayed step keeps its own, so neither the pull-back's
+            recomputed stages nor the parameters' pull-back compute them
+            again (the first stage's, which the forward pass did not note,
+            computed once): the reference gradient about 10% faster, bit
+            for bit in float64. Nothing is kept for a vector field that
+            notes nothing (a model without coupling).
     """
 
     buffer: int = eqx.field(static=True, default=16)

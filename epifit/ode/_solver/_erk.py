@@ -295,12 +295,15 @@ class AbstractERK(AbstractSolver):
         vjps = []
         ks = []
         states = []
+        if values is not None:
+            y_first = y0 if Ys is None else Ys[0]
+            values = _with_first_values(f, t0, y_first, theta, values)
         for i in range(s):
             yi = Ys[i] if Ys is not None else _combine(y0, h, a[i, :i], ks)
             given = (
                 []
-                if values is None or i == 0
-                else [jtu.tree_map(lambda a, j=i - 1: a[j], v) for v in values]
+                if values is None
+                else [jtu.tree_map(lambda a, j=i: a[j], v) for v in values]
             )
             with injecting(given):
                 ki, vjp = jax.vjp(
@@ -324,15 +327,38 @@ class AbstractERK(AbstractSolver):
             total = total + x
         Ys = jnp.stack(states) if Ys is None else Ys
         ts = t0 + jnp.asarray(c, h.dtype) * h
-        return total, _theta_vjp(f, ts, Ys, jnp.stack(mus), theta)
+        return total, _theta_vjp(f, ts, Ys, jnp.stack(mus), theta, values)
 
 
-def _theta_vjp(f, ts, Ys, mus, theta):
+def _with_first_values(f, t0, y0, theta, values):
+    """`values` (the noted values of the stages after the first, each
+    stacked over them) with the first stage's prepended, from an evaluation
+    of `f` of which nothing else is used (XLA keeps only what computes
+    them), so that every stage's linearisation is handed its value."""
+    with recording() as first:
+        f(t0, y0, theta)
+    return [
+        jtu.tree_map(lambda v0, v: jnp.concatenate([v0[None], v]), v0, v)
+        for v0, v in zip(first, values, strict=True)
+    ]
+
+
+def _theta_vjp(f, ts, Ys, mus, theta, values=None):
     """`sum_i (df/dtheta (t_i, Y_i))ᵀ mu_i`: the parameters' cotangent of a
     step, as one pull-back of `f` batched over the stages (`ts`, `Ys`, `mus`
     stacked on a leading stage axis), so each reduction over the state that
-    a parameter's cotangent needs runs once per step, not once per stage."""
-    _, vjp = jax.vjp(lambda th: jax.vmap(lambda t, y: f(t, y, th))(ts, Ys), theta)
+    a parameter's cotangent needs runs once per step, not once per stage.
+    `values`, the values `f` notes in every stage (each stacked over the
+    stages, as `_with_first_values` gives them), are handed back to its
+    linearisation (`kept_value`), which then does not compute them again."""
+    values = [] if values is None else values
+
+    def stage(t, y, v, th):
+        with injecting(v):
+            return f(t, y, th)
+
+    batched = jax.vmap(stage, (0, 0, 0, None))
+    _, vjp = jax.vjp(lambda th: batched(ts, Ys, values, th), theta)
     return vjp(mus)[0]
 
 
