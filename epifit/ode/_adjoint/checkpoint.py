@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.lax as lax
@@ -180,8 +182,7 @@ def _unrolled_segment_backward(
     def never(ops):  # the other branch of the conds below, for their sake
         return ops[3], [jnp.zeros_like(x) for x in a_p], [jnp.zeros_like(x) for x in up]
 
-    def t_of(i):
-        return jnp.where(i == 0, a, times_k[jnp.maximum(i - 1, 0)])
+    t_of = functools.partial(_step_start, a, times_k)
 
     if values0 is None:
 
@@ -196,9 +197,7 @@ def _unrolled_segment_backward(
             # the forward pass's own step (its kernels compiled once for both),
             # keeping the values its stages note for the pull-back
             t0, t1, y = ops
-            k0, _ = solver.init(vf, t0, y, args, u)
-            out = solver.step_with_stages(vf, t0, t1, y, args, u, k0, values=True)
-            return out[0], out[4]
+            return solver.fresh_step_with_values(vf, t0, t1, y, args, u)
 
         def no_step(ops):  # the cond's other branch: the shapes of `step_ops`
             return jtu.tree_map(jnp.zeros_like, (ops[2], values0))
@@ -224,6 +223,12 @@ def _unrolled_segment_backward(
     return lax.cond(n == 1, pull_step, replayed, ops)
 
 
+def _step_start(a, times_k, i):
+    """The start time of step `i` of a segment starting at `a` whose steps
+    end at `times_k`."""
+    return jnp.where(i == 0, a, times_k[jnp.maximum(i - 1, 0)])
+
+
 def _step_and_pull_back(ctx, a, times_k, a_p, u_l, up, erk):
     """`(fwd_step, pull_back)` for the accepted steps of a segment starting at
     `a` with step end times `times_k`.
@@ -240,8 +245,7 @@ def _step_and_pull_back(ctx, a, times_k, a_p, u_l, up, erk):
             ctx.integ.vf, t0, t1, y, ctx.args(ap), ctx.inputs(u_l, up_)
         )
 
-    def t_of(i):
-        return jnp.where(i == 0, a, times_k[jnp.maximum(i - 1, 0)])
+    t_of = functools.partial(_step_start, a, times_k)
 
     def f(t, y, th):
         return ctx.vf(t, y, th[0], th[1], u_l)

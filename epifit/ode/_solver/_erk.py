@@ -125,6 +125,14 @@ class AbstractERK(AbstractSolver):
 
         return jax.eval_shape(run)
 
+    def fresh_step_with_values(self, vf, t0, t1, y0, args, u):
+        """`(y1, values)`: [`fresh_step`][] (everything evaluated from `y0`)
+        and the values its stages after the first noted, as
+        [`step_with_stages`][] gives them with `values=True`."""
+        state, _ = self.init(vf, t0, y0, args, u)
+        out = self.step_with_stages(vf, t0, t1, y0, args, u, state, values=True)
+        return out[0], out[4]
+
     def step_with_stages(self, vf, t0, t1, y0, args, u, state, values=False):
         """[`step`][] that also returns the stage states `Y_i` (stacked on a
         new leading axis, in the layout of [`loop_step`][]) of the stages that
