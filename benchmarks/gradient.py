@@ -12,6 +12,7 @@ once in its own worker and cached in `out/`).
 
     python benchmarks/gradient.py --dtype float32 --json out/gradient.json
     python benchmarks/gradient.py --scaling 50,100,280,500,1000,2000 --tools epifit
+    python benchmarks/gradient.py --dtype float32 --rounds 3 --ref-max-patches 0
 
 Gradients are taken with respect to the reference's flat parameter vector at
 its perturbed start `p_init`, with `jax.value_and_grad` for every reverse
@@ -214,6 +215,7 @@ COLUMNS = [
     ("grad_compile_s", "grad comp s", "{:.2f}"),
     ("grad_s", "grad s", "{:.4f}"),
     ("grad_over_fwd", "grad/fwd", "{:.2f}"),
+    ("fwd_vs_epifit", "fwd x epifit", "{:.1f}"),
     ("grad_vs_epifit", "grad x epifit", "{:.1f}"),
     ("grad_vs_epifit_bosh3", "grad x bosh3", "{:.1f}"),
     ("peak_rss_mb", "peak RSS MB", "{:.0f}"),
@@ -245,6 +247,14 @@ def main(argv=None) -> int:
         help="seconds of timed loss and gradient rounds per config",
     )
     ap.add_argument("--timeout", type=float, default=1500.0, help="per worker, s")
+    ap.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every configuration this many times, in turn (a process "
+        "each), and print the medians: the ratios are taken within each round, "
+        "so a machine whose speed drifts over minutes compares like with like",
+    )
     ap.add_argument(
         "--scaling",
         default=None,
@@ -300,64 +310,105 @@ def main(argv=None) -> int:
                 or (c == "epifit-bosh3" and "checkpoint" in adjoints)
                 if c not in a.skip.split(",")
             ]
-            group = []
-            for cfg in configs:
-                argv_w = [
-                    "--worker",
-                    cfg,
-                    "--n-patches",
-                    str(n),
-                    "--days",
-                    str(a.days),
-                    "--dtype",
-                    dtype,
-                    "--rtol",
-                    str(a.rtol),
-                    "--atol",
-                    str(a.atol),
-                    "--repeats",
-                    str(a.repeats),
-                    "--budget",
-                    str(a.budget),
-                ]
-                if ref:
-                    argv_w += ["--ref", str(ref)]
-                rec = h.run_worker(Path(__file__), argv_w, a.timeout)
-                for k, v in (
-                    ("config", cfg),
-                    ("tool", cfg.split("-")[0]),
-                    ("dtype", dtype),
-                    ("n_patches", n),
-                ):
-                    rec.setdefault(k, v)
-                msg = rec.get("error") or (
-                    f"grad compile {rec['grad_compile_s']:.2f} s, grad "
-                    f"{rec['grad_s'] * 1e3:.1f} ms ({rec['grad_over_fwd']:.2f}x loss)"
-                )
-                print(f"  {cfg:32s} {dtype} n={n}: {msg}", flush=True)
-                group.append(rec)
-            base = next(
-                (
-                    r
-                    for r in group
-                    if r.get("default") and r["tool"] == "epifit" and "grad_s" in r
-                ),
-                None,
-            )
-            bosh = next(
-                (r for r in group if r["config"] == "epifit-bosh3" and "grad_s" in r),
-                None,
-            )
-            for r in group:
-                if base and "grad_s" in r:
-                    r["grad_vs_epifit"] = r["grad_s"] / base["grad_s"]
-                if bosh and "grad_s" in r:
-                    r["grad_vs_epifit_bosh3"] = r["grad_s"] / bosh["grad_s"]
-            records += group
+            for r in range(a.rounds):
+                group = [_run_config(a, cfg, n, dtype, ref, r) for cfg in configs]
+                _add_ratios(group)
+                records += group
     print()
-    print(h.table(records, COLUMNS))
+    print(
+        h.table(records, COLUMNS + ([("round", "round", "{}")] if a.rounds > 1 else []))
+    )
+    if a.rounds > 1:
+        print()
+        print(f"median over {a.rounds} rounds (ratios taken within each round):")
+        print(h.table(_medians(records), SUMMARY))
     h.write_json(a.json, records)
     return 0
+
+
+def _run_config(a, cfg, n, dtype, ref, rnd) -> dict:
+    """One configuration's worker (its own process), and its line."""
+    argv_w = ["--worker", cfg, "--n-patches", str(n), "--days", str(a.days)]
+    argv_w += ["--dtype", dtype, "--rtol", str(a.rtol), "--atol", str(a.atol)]
+    argv_w += ["--repeats", str(a.repeats), "--budget", str(a.budget)]
+    if ref:
+        argv_w += ["--ref", str(ref)]
+    rec = h.run_worker(Path(__file__), argv_w, a.timeout)
+    for k, v in (
+        ("config", cfg),
+        ("tool", cfg.split("-")[0]),
+        ("dtype", dtype),
+        ("n_patches", n),
+        ("round", rnd),
+    ):
+        rec.setdefault(k, v)
+    msg = rec.get("error") or (
+        f"grad compile {rec['grad_compile_s']:.2f} s, grad "
+        f"{rec['grad_s'] * 1e3:.1f} ms ({rec['grad_over_fwd']:.2f}x loss)"
+    )
+    print(f"  {cfg:32s} {dtype} n={n}: {msg}", flush=True)
+    return rec
+
+
+def _add_ratios(group: list[dict]) -> None:
+    """Each record's gradient time over epifit's default's and Bosh3's, in
+    the same round."""
+    base = next(
+        (
+            r
+            for r in group
+            if r.get("default") and r["tool"] == "epifit" and "grad_s" in r
+        ),
+        None,
+    )
+    bosh = next(
+        (r for r in group if r["config"] == "epifit-bosh3" and "grad_s" in r), None
+    )
+    for r in group:
+        if base and "grad_s" in r:
+            r["grad_vs_epifit"] = r["grad_s"] / base["grad_s"]
+            r["fwd_vs_epifit"] = r["fwd_s"] / base["fwd_s"]
+        if bosh and "grad_s" in r:
+            r["grad_vs_epifit_bosh3"] = r["grad_s"] / bosh["grad_s"]
+
+
+SUMMARY = [
+    ("config", "config", ""),
+    ("dtype", "dtype", ""),
+    ("n_patches", "patches", "{}"),
+    ("rounds", "rounds", "{}"),
+    ("fwd_compile_s", "fwd comp s", "{:.2f}"),
+    ("fwd_s", "fwd s", "{:.4f}"),
+    ("grad_compile_s", "grad comp s", "{:.2f}"),
+    ("grad_s", "grad s", "{:.4f}"),
+    ("grad_over_fwd", "grad/fwd", "{:.2f}"),
+    ("fwd_vs_epifit", "fwd x epifit", "{:.1f}"),
+    ("grad_vs_epifit", "grad x epifit", "{:.1f}"),
+    ("grad_vs_epifit_range", "grad x epifit range", ""),
+]
+
+
+def _medians(records: list[dict]) -> list[dict]:
+    """Per (config, dtype, patches): the median of each timing and of each
+    within-round ratio over the rounds, and the ratio's range."""
+    import numpy as np
+
+    out = {}
+    for r in records:
+        if "grad_s" in r:
+            out.setdefault((r["config"], r["dtype"], r["n_patches"]), []).append(r)
+    rows = []
+    for (cfg, dtype, n), rs in out.items():
+        row = {"config": cfg, "dtype": dtype, "n_patches": n, "rounds": len(rs)}
+        for k, *_ in SUMMARY[4:-1]:
+            vals = [r[k] for r in rs if k in r]
+            if vals:
+                row[k] = float(np.median(vals))
+        ratios = [r["grad_vs_epifit"] for r in rs if "grad_vs_epifit" in r]
+        if ratios:
+            row["grad_vs_epifit_range"] = f"{min(ratios):.1f}-{max(ratios):.1f}"
+        rows.append(row)
+    return rows
 
 
 if __name__ == "__main__":

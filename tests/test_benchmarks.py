@@ -76,6 +76,34 @@ def test_gradient_benchmark_agrees_with_the_reference(tmp_path):
     assert (tmp_path / "gradient_ref_12_15.npz").exists()
 
 
+@pytest.mark.slow
+def test_gradient_benchmark_rounds_take_ratios_within_a_round(tmp_path):
+    """`--rounds 2` runs every configuration twice, in turn: each record
+    names its round, the ratios are taken against epifit's default of the
+    same round, and the medians are printed after the rounds."""
+    out = tmp_path / "gradient.json"
+    proc = run(
+        "gradient.py",
+        *("--tools", "epifit", "--adjoints", "checkpoint", "--rounds", "2"),
+        *("--repeats", "2", "--budget", "3", "--ref-max-patches", "0"),
+        *("--json", str(out)),
+    )
+    records = json.loads(out.read_text())
+    assert [(r["config"], r["round"]) for r in records] == [
+        ("epifit-checkpoint", 0),
+        ("epifit-bosh3", 0),
+        ("epifit-checkpoint", 1),
+        ("epifit-bosh3", 1),
+    ]
+    for base, bosh in (records[:2], records[2:]):
+        assert base["grad_vs_epifit"] == 1.0
+        assert bosh["grad_vs_epifit"] == bosh["grad_s"] / base["grad_s"]
+        assert bosh["fwd_vs_epifit"] == bosh["fwd_s"] / base["fwd_s"]
+    assert "median over 2 rounds" in proc.stdout
+    median = np.median([r["grad_s"] for r in records[1::2]])
+    assert f"{median:.4f}" in proc.stdout.split("median over 2 rounds")[1]
+
+
 # -- calibrate.py ----------------------------------------------------------------------
 @pytest.mark.slow
 def test_calibrate_benchmark_reports_a_failed_peer(tmp_path):
