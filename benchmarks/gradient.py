@@ -372,20 +372,14 @@ def _add_ratios(group: list[dict]) -> None:
             r["grad_vs_epifit_bosh3"] = r["grad_s"] / bosh["grad_s"]
 
 
-SUMMARY = [
-    ("config", "config", ""),
-    ("dtype", "dtype", ""),
-    ("n_patches", "patches", "{}"),
+_SUMMARY_KEYS = ["config", "dtype", "n_patches", "rounds", "fwd_compile_s", "fwd_s"]
+_SUMMARY_KEYS += ["grad_compile_s", "grad_s", "grad_over_fwd", "fwd_vs_epifit"]
+_SUMMARY_KEYS += ["grad_vs_epifit", "grad_vs_epifit_range"]
+_EXTRA = [
     ("rounds", "rounds", "{}"),
-    ("fwd_compile_s", "fwd comp s", "{:.2f}"),
-    ("fwd_s", "fwd s", "{:.4f}"),
-    ("grad_compile_s", "grad comp s", "{:.2f}"),
-    ("grad_s", "grad s", "{:.4f}"),
-    ("grad_over_fwd", "grad/fwd", "{:.2f}"),
-    ("fwd_vs_epifit", "fwd x epifit", "{:.1f}"),
-    ("grad_vs_epifit", "grad x epifit", "{:.1f}"),
     ("grad_vs_epifit_range", "grad x epifit range", ""),
 ]
+SUMMARY = [c for k in _SUMMARY_KEYS for c in COLUMNS + _EXTRA if c[0] == k]
 
 
 def _medians(records: list[dict]) -> list[dict]:
