@@ -132,6 +132,17 @@ def write_json(path: str | None, records: list[dict]) -> None:
     os.replace(tmp, p)
 
 
+def add_ratios(group: list[dict], base: dict | None, ratios: dict[str, str]) -> None:
+    """`r[name] = r[key] / base[key]` for each `name: key` of `ratios` and each
+    record `r` of `group` that has `key` (nothing without a `base`)."""
+    if base is None:
+        return
+    for r in group:
+        for name, key in ratios.items():
+            if key in r and base.get(key):
+                r[name] = r[key] / base[key]
+
+
 def table(records: list[dict], columns: list[tuple[str, str, str]]) -> str:
     """A plain-text table; `columns` are (key, header, format)."""
     rows = [[h for _, h, _ in columns]]

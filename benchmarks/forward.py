@@ -222,12 +222,11 @@ def main(argv=None) -> int:
         bosh = next(
             (r for r in group if r["config"] == "epifit-bosh3" and "fwd_s" in r), None
         )
+        h.add_ratios(
+            group, ref, {"fwd_vs_epifit": "fwd_s", "compile_vs_epifit": "fwd_compile_s"}
+        )
+        h.add_ratios(group, bosh, {"fwd_vs_epifit_bosh3": "fwd_s"})
         for r in group:
-            if ref and "fwd_s" in r:
-                r["fwd_vs_epifit"] = r["fwd_s"] / ref["fwd_s"]
-                r["compile_vs_epifit"] = r["fwd_compile_s"] / ref["fwd_compile_s"]
-            if bosh and "fwd_s" in r:
-                r["fwd_vs_epifit_bosh3"] = r["fwd_s"] / bosh["fwd_s"]
             if "peak_rss_mb" in r and r.get("base_rss_mb"):
                 r["rss_over_base"] = r["peak_rss_mb"] / r["base_rss_mb"]
         records += group

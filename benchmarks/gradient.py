@@ -364,12 +364,8 @@ def _add_ratios(group: list[dict]) -> None:
     bosh = next(
         (r for r in group if r["config"] == "epifit-bosh3" and "grad_s" in r), None
     )
-    for r in group:
-        if base and "grad_s" in r:
-            r["grad_vs_epifit"] = r["grad_s"] / base["grad_s"]
-            r["fwd_vs_epifit"] = r["fwd_s"] / base["fwd_s"]
-        if bosh and "grad_s" in r:
-            r["grad_vs_epifit_bosh3"] = r["grad_s"] / bosh["grad_s"]
+    h.add_ratios(group, base, {"grad_vs_epifit": "grad_s", "fwd_vs_epifit": "fwd_s"})
+    h.add_ratios(group, bosh, {"grad_vs_epifit_bosh3": "grad_s"})
 
 
 _SUMMARY_KEYS = ["config", "dtype", "n_patches", "rounds", "fwd_compile_s", "fwd_s"]

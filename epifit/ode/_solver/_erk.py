@@ -259,7 +259,9 @@ class AbstractERK(AbstractSolver):
         of the vector field's VJP per stage in the compiled program, no stage
         buffer and no dynamic indexing (and, without `stage_states`, the
         stages are recomputed from `y0` unrolled too): faster to run, slower
-        to compile (measurements: `epifit/ode/README.md`).
+        to compile (measurements: `epifit/ode/README.md`). `values` (with
+        `unroll`): the noted values of the stages, handed back to their
+        linearisations and the parameters' pull-back (see `_step_vjp_unrolled`).
 
         Returns:
             `(ct_y0, ct_theta)`.
@@ -295,9 +297,11 @@ class AbstractERK(AbstractSolver):
 
         Without the stage states `Ys`, they are recomputed from `y0`, and each
         stage's slope and the linearisation its VJP needs come from one
-        evaluation (`jax.vjp`), not two. `values` (from
-        `step_with_stages(..., values=True)`) are handed back to the
-        evaluations of the stages after the first (handed back to `kept_value`).
+        evaluation (`jax.vjp`), not two. `values` (the noted values of the
+        stages after the first, from `step_with_stages(..., values=True)`),
+        with the first stage's computed once (`_with_first_values`), are
+        handed back (`kept_value`) to every stage's linearisation and to the
+        parameters' batched pull-back.
         """
         s, a, b, c = self._kept_tableau()
         vjps = []
