@@ -9,36 +9,26 @@ exact: the last step of a segment is clipped to land on its end.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import equinox as eqx
-import jax
 import jax.lax as lax
 import jax.numpy as jnp
 import jax.tree_util as jtu
-import numpy as np
 
+from ._carry import (
+    ScanCarry,
+    SegmentStats,
+    StepCarry,
+    add_stats,
+    inner_like,
+    input_at,
+    interpolate_inner,
+    segment_xs,
+    zero_stats,
+)
 from ._errors import Result
 from ._grid import Grid
 from ._misc import tree_all_finite, tree_where
 from ._step_size import AbstractAdaptiveStepSizeController, first_step
-
-
-class SegmentStats(NamedTuple):
-    """Step counts of one segment (or, summed, of a solve)."""
-
-    n_accepted: jax.Array
-    n_rejected: jax.Array
-    n_evals: jax.Array
-
-
-def _zero_stats():
-    z = jnp.zeros((), jnp.int32)
-    return SegmentStats(z, z, z)
-
-
-def _add_stats(a, b):
-    return SegmentStats(*(x + y for x, y in zip(a, b, strict=True)))
 
 
 class Integrator(eqx.Module):
@@ -92,6 +82,7 @@ class Integrator(eqx.Module):
         quad=None,
         keep_first: bool = False,
         fsal_in=None,
+        inner=None,
     ):
         """Integrate one segment from `a` to `b`.
 
@@ -114,6 +105,11 @@ class Integrator(eqx.Module):
         evaluated again; the segment then also returns its own last
         first-same-as-last state, last.
 
+        `inner` (adaptive solvers with a dense output only): the times of the
+        segment's inner saves (`Grid.inner`, `(K,)`, +inf where none); the
+        states there, interpolated inside the steps that contain them
+        (`dense_weights`), are returned last, stacked `(K, ...)`.
+
         Cost: one solver step per attempted step (at most `max_steps`), plus,
         with an adaptive controller, one error norm per step and, in the first
         segment without `dt0`, the first-step heuristic
@@ -122,7 +118,7 @@ class Integrator(eqx.Module):
         """
         if self.adaptive:
             return self._adaptive_segment(
-                a, b, y, args, u, dt, record, active, quad, keep_first, fsal_in
+                a, b, y, args, u, dt, record, active, quad, keep_first, fsal_in, inner
             )
         if quad is not None:
             raise NotImplementedError("quadrature needs an adaptive controller")
@@ -172,11 +168,12 @@ class Integrator(eqx.Module):
         quad=None,
         keep_first=False,
         fsal_in=None,
+        inner=None,
     ):
         """[`segment`][] with an adaptive controller: a `lax.while_loop` of
         [`_adaptive_step`][] until `b`, a failure, or `max_steps` attempts.
 
-        Memory: the carry ([`_StepCarry`][]), plus `max_steps` step times when
+        Memory: the carry (`StepCarry`), plus `max_steps` step times when
         `record` and one step's stage states with `keep_first`.
         """
         ctrl = self.controller
@@ -188,14 +185,19 @@ class Integrator(eqx.Module):
         ne0 = ne0 + ne_first
         times = jnp.zeros((self.max_steps if record else 0,), a.dtype)
         eps = jnp.finfo(a.dtype).eps
-        dtmin = jnp.maximum(ctrl.dtmin, 16 * eps * jnp.maximum(jnp.abs(b), 1.0))
+        # The smallest step is relative to the time reached, not to `b`: a long
+        # segment (a solve saved only at its end) may start with steps far
+        # below 16 ulps of its end time.
+        dtmin = (ctrl.dtmin, 16 * eps)
         zero = jnp.zeros((), jnp.int32)
 
         def cond(c):
             return (c.t < b) & (c.code == Result.SUCCESSFUL) & active
 
         def body(c):
-            return self._adaptive_step(c, b, args, u, dtmin, record, quad, keep_first)
+            return self._adaptive_step(
+                c, b, args, u, dtmin, record, quad, keep_first, inner
+            )
 
         dt = jnp.minimum(dt, b - a)
         acc0 = None if quad is None else quad[1]
@@ -208,7 +210,7 @@ class Integrator(eqx.Module):
             first0 = jtu.tree_map(lambda x: jnp.zeros((s, *x.shape), x.dtype), y)
         else:
             first0 = None
-        init = _StepCarry(
+        init = StepCarry(
             a,
             y,
             fstate,
@@ -221,6 +223,7 @@ class Integrator(eqx.Module):
             times,
             acc0,
             first0,
+            None if inner is None else inner_like(inner, y),
         )
         c = lax.while_loop(cond, body, init)
         stats = SegmentStats(c.n_acc, c.n_rej, c.nfe)
@@ -230,6 +233,8 @@ class Integrator(eqx.Module):
             out = (*out, c.acc)
         if fsal_in is not None:
             out = (*out, c.fstate)
+        if inner is not None:
+            out = (*out, c.y_inner)
         return out
 
     def _segment_fsal(self, a, y, args, u, fsal_in):
@@ -247,19 +252,26 @@ class Integrator(eqx.Module):
 
         return lax.cond(reuse, lambda: (f_prev, jnp.zeros((), jnp.int32)), fresh)
 
-    def _adaptive_step(self, c, b, args, u, dtmin, record, quad, keep_first):
+    def _adaptive_step(self, c, b, args, u, dtmin, record, quad, keep_first, inner):
         """One attempted step of an adaptive segment: the body of its loop.
 
         Takes the step `c.dt` (clipped to land on `b`), lets the controller
-        accept or reject it, and returns the next [`_StepCarry`][]. Cost: one
+        accept or reject it, and returns the next `StepCarry`. Cost: one
         solver step, one error norm, and selects over the state; the
-        finiteness check reduces over the state only when the step fails.
+        finiteness check reduces over the state only when the step fails;
+        with `inner` saves, one interpolation where an accepted step holds
+        any.
         """
         last = c.t + c.dt >= b
         t1 = jnp.where(last, b, c.t + c.dt)
         h = t1 - c.t
-        y1, y_err, fnew, ne, stages = self._attempt(c, t1, args, u, keep_first)
+        y1, y_err, fnew, ne, stages, ks = self._attempt(
+            c, t1, args, u, keep_first, inner is not None
+        )
         accept, dt_next, cnew = self._adapt(c, y1, y_err, h)
+        y_inner = c.y_inner
+        if inner is not None:
+            y_inner = interpolate_inner(self.solver, c, accept, t1, ks, inner)
         if quad is None:
             acc = c.acc
         else:
@@ -281,8 +293,10 @@ class Integrator(eqx.Module):
             first = tree_where(accept & (c.n_acc == 0), stages, c.first)
         else:
             first = c.first
+        floor, ulps = dtmin
+        dtmin = jnp.maximum(floor, ulps * jnp.maximum(jnp.abs(t), 1.0))
         code = self._step_code(t, b, y1, dt_next, dtmin, n_acc, n_rej)
-        return _StepCarry(
+        return StepCarry(
             t,
             y_new,
             fstate,
@@ -295,17 +309,29 @@ class Integrator(eqx.Module):
             times,
             acc,
             first,
+            y_inner,
         )
 
-    def _attempt(self, c, t1, args, u, keep_first):
+    def _attempt(self, c, t1, args, u, keep_first, slopes=False):
         """The solver's step from `(c.t, c.y)` to `t1`: `(y1, y_error, state,
-        n_evals, stages)`, with the stage states only with `keep_first`."""
+        n_evals, stages, slopes)`, with the stage states only with
+        `keep_first` and every stage's slope only with `slopes`."""
         solver, vf = self.solver, self.vf
-        if keep_first:
-            return solver.step_with_stages(
-                vf, c.t, t1, c.y, args, u, c.fstate, values=keep_first == "values"
+        if keep_first or slopes:
+            out = solver.step_with_stages(
+                vf,
+                c.t,
+                t1,
+                c.y,
+                args,
+                u,
+                c.fstate,
+                values=keep_first == "values",
+                slopes=slopes,
             )
-        return (*solver.step(vf, c.t, t1, c.y, args, u, c.fstate), None)
+            stages = out[4] if keep_first else None
+            return (*out[:4], stages, out[5] if slopes else None)
+        return (*solver.step(vf, c.t, t1, c.y, args, u, c.fstate), None, None)
 
     def _adapt(self, c, y1, y_err, h):
         """The controller's verdict on a step of size `h`: `(accept, dt_next,
@@ -354,7 +380,8 @@ class Integrator(eqx.Module):
         """Scan over all segments.
 
         Returns `(ys, stats, fail, times, n_acc)`: `ys` stacks the state at every
-        segment boundary (leading axis `n_seg + 1`); `fail` is
+        segment boundary (leading axis `n_seg + 1`), then, where the grid has
+        inner saves, at those (`n_seg * K` more, row-major); `fail` is
         `(code, segment, t)` of the first failure (code 0 if none). With
         `keep_first` (see `segment`; only when `can_keep_first`), `times` is
         `(times, stages)`, each with a leading segment axis.
@@ -366,8 +393,8 @@ class Integrator(eqx.Module):
         keep_first = keep_first if record and self.can_keep_first else False
         dtype = jnp.result_type(*jtu.tree_leaves(y0))
         bounds = jnp.asarray(grid.bounds, dtype)
-        xs = _segment_xs(grid, bounds)
-        stats0 = _zero_stats()
+        xs = segment_xs(grid, bounds)
+        stats0 = zero_stats()
         if self.adaptive:
             if dt0 is None:
                 # A negative step asks the first segment to choose one from the
@@ -381,7 +408,7 @@ class Integrator(eqx.Module):
         def body(c, x):
             return self._scan_segment(c, x, args, values, record, keep_first)
 
-        init = _ScanCarry(
+        init = ScanCarry(
             y0,
             dt_init,
             stats0,
@@ -390,16 +417,26 @@ class Integrator(eqx.Module):
             bounds[0],
             jtu.tree_map(jnp.zeros_like, y0) if self.carries_fsal else None,
         )
-        c, (ys, times, n_acc) = lax.scan(body, init, xs)
-        ys = jtu.tree_map(lambda a, b: jnp.concatenate([a[None], b], 0), y0, ys)
+        c, (ys, times, n_acc, y_inner) = lax.scan(body, init, xs)
+        if y_inner is None:
+            ys = jtu.tree_map(lambda a, b: jnp.concatenate([a[None], b], 0), y0, ys)
+        else:
+            ys = jtu.tree_map(
+                lambda a, b, c: jnp.concatenate(
+                    [a[None], b, c.reshape(-1, *a.shape)], 0
+                ),
+                y0,
+                ys,
+                y_inner,
+            )
         return ys, c.stats, (c.code, c.seg, c.t_fail), times, n_acc
 
     def _scan_segment(self, c, x, args, values, record, keep_first):
         """One segment of [`run`][]: the body of its scan. Integrates the
         segment unless an earlier one failed, records the first failure, and
         outputs `(state at b, NaN where failed; times; accepted steps)`."""
-        a, b, idx, n_fixed, k, same_u = x
-        u = _input_at(values, idx)
+        a, b, idx, n_fixed, k, same_u, inner = x
+        u = input_at(values, idx)
 
         active = c.code == Result.SUCCESSFUL
         carry_f = self.carries_fsal
@@ -417,75 +454,26 @@ class Integrator(eqx.Module):
             None,
             keep_first,
             fsal_in,
+            inner,
         )
         y, dt, st, code, t_end, times = out[:6]
         f_out = out[6] if carry_f else None
         code = jnp.where(active, code, c.code)
         new_fail = (c.code == 0) & (code != 0)
-        out_y = tree_where(
-            code != 0, jtu.tree_map(lambda v: jnp.full_like(v, jnp.nan), y), y
-        )
-        carry = _ScanCarry(
+
+        def nan_if_failed(y):
+            nan = jtu.tree_map(lambda v: jnp.full_like(v, jnp.nan), y)
+            return tree_where(code != 0, nan, y)
+
+        out_y = nan_if_failed(y)
+        y_inner = None if inner is None else nan_if_failed(out[-1])
+        carry = ScanCarry(
             y,
             dt,
-            _add_stats(c.stats, st),
+            add_stats(c.stats, st),
             code,
             jnp.where(new_fail, k, c.seg),
             jnp.where(new_fail, t_end, c.t_fail),
             f_out,
         )
-        return carry, (out_y, times, st.n_accepted)
-
-
-class _StepCarry(NamedTuple):
-    """The carry of an adaptive segment's step loop."""
-
-    t: jax.Array
-    y: object
-    fstate: object  # the solver state (first-same-as-last stage)
-    dt: jax.Array  # the next step to try
-    cstate: object  # the controller's state
-    n_acc: jax.Array
-    n_rej: jax.Array
-    nfe: jax.Array
-    code: jax.Array
-    times: jax.Array  # accepted steps' end times (`record`), else empty
-    acc: object  # the quadrature's accumulator, or None
-    first: object  # the first accepted step's stages (`keep_first`), or None
-
-
-class _ScanCarry(NamedTuple):
-    """The carry of the scan over segments."""
-
-    y: object
-    dt: jax.Array
-    stats: SegmentStats
-    code: jax.Array  # the first failure's code (0 while none)
-    seg: jax.Array  # ... its segment
-    t_fail: jax.Array  # ... and time
-    f: object  # the last first-same-as-last state (`carries_fsal`), or None
-
-
-def _segment_xs(grid: Grid, bounds):
-    """The scanned inputs of [`Integrator.run`][], one row per segment:
-    `(a, b, input index, fixed steps, segment index, same inputs as before)`."""
-    # A boundary that is only a save time leaves the inputs as they were:
-    # the vector field at the start of the next segment is the last
-    # first-same-as-last stage of this one, so it is not evaluated again.
-    same = np.zeros(grid.input_index.size, dtype=bool)
-    same[1:] = grid.input_index[1:] == grid.input_index[:-1]
-    return (
-        bounds[:-1],
-        bounds[1:],
-        jnp.asarray(grid.input_index),
-        jnp.asarray(grid.n_fixed),
-        jnp.arange(grid.input_index.size, dtype=jnp.int32),
-        jnp.asarray(same),
-    )
-
-
-def _input_at(values, k):
-    """Slice `k` of every input leaf (`None` without inputs)."""
-    if values is None:
-        return None
-    return jtu.tree_map(lambda v: lax.dynamic_index_in_dim(v, k, 0, False), values)
+        return carry, (out_y, times, st.n_accepted, y_inner)

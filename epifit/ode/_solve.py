@@ -43,6 +43,7 @@ def solve(
     dt0: float | None = None,
     max_steps: int = 4096,
     throw: bool = True,
+    interpolate_saves: bool = False,
 ) -> Solution:
     """Integrate `dy/dt = vector_field(t, y, args, u)` segment by segment.
 
@@ -51,7 +52,7 @@ def solve(
     times of `inputs`. On each segment the inputs are constant (`u` is the slice
     of `inputs.values` that holds there); the solver restarts at each boundary, so
     no step crosses a jump of the inputs, and each saved state is an exact
-    segment end.
+    segment end, unless `interpolate_saves`.
 
     Args:
         vector_field: `f(t, y, args, u) -> dy/dt`, with `dy/dt` the same pytree
@@ -82,6 +83,14 @@ def solve(
             uses a failed state, and exact where it uses only the states
             before the failure; the failed segments are not pulled back, so
             it costs no more than the gradient of the successful part.
+        interpolate_saves: save the states at the save times that are not
+            input break times by the solver's dense output (Tsit5's fourth
+            order, else cubic Hermite), as diffrax's `SaveAt(ts=...)`, instead
+            of stepping to each: far fewer steps where the solution is smooth
+            over several save intervals. A segment holds at most `INNER_SAVES`
+            (7) of them. Needs an adaptive controller, a first-same-as-last
+            explicit solver, and `CheckpointAdjoint` (`unroll_first`, no
+            `keep_first`) or `ForwardAdjoint`: else a `ValueError`.
 
     Returns:
         A [`epifit.ode.Solution`][].
@@ -102,8 +111,12 @@ def solve(
     solver, stepsize_controller, adjoint, ts_np = _check_arguments(
         ts, inputs, solver, stepsize_controller, adjoint, max_steps
     )
+    if interpolate_saves:
+        _check_interpolation(solver, stepsize_controller, adjoint)
     dtype = state_dtype(y0)
-    grid = _grid(ts_np, inputs, stepsize_controller)
+    grid = _grid(
+        ts_np, inputs, stepsize_controller, INNER_SAVES if interpolate_saves else 0
+    )
     values = None if inputs is None else inputs.values
     integ, args, flat0, unravel = _integrator(
         vector_field, y0, args, solver, stepsize_controller, max_steps, throw
@@ -118,13 +131,40 @@ def solve(
     return Solution(jnp.asarray(ts_np, dtype), ys, stats, code, seg, t_fail)
 
 
-def _grid(ts_np, inputs, controller):
+# The most save times interpolated inside one segment (`interpolate_saves`):
+# the next is a segment boundary, so a segment stays short for the
+# checkpoint adjoint, which replays its steps.
+INNER_SAVES = 7
+
+
+def _grid(ts_np, inputs, controller, inner=0):
     """The segment grid of the save times and the inputs' break times (with
-    the steps per segment of a `ConstantStepSize`)."""
+    the steps per segment of a `ConstantStepSize`; `inner` save times
+    interpolated inside a segment at most)."""
     fixed_dt = controller.dt0 if isinstance(controller, ConstantStepSize) else None
     return make_grid(
-        ts_np, None if inputs is None else np.asarray(inputs.times), fixed_dt
+        ts_np, None if inputs is None else np.asarray(inputs.times), fixed_dt, inner
     )
+
+
+def _check_interpolation(solver, controller, adjoint):
+    """`interpolate_saves=True`'s needs, each refused with a `ValueError`."""
+    if not isinstance(controller, AbstractAdaptiveStepSizeController):
+        raise ValueError(
+            "interpolate_saves=True needs an adaptive step-size controller such "
+            "as PIDController(); fixed steps already land on the save times."
+        )
+    if not getattr(solver, "has_dense_output", False):
+        raise ValueError(
+            f"interpolate_saves=True needs a solver with a dense output (Tsit5, "
+            f"Bosh3, Dopri5); got {type(solver).__name__}()."
+        )
+    if not adjoint.differentiates_inner_saves:
+        raise ValueError(
+            "interpolate_saves=True is differentiated by CheckpointAdjoint() "
+            "(unroll_first=True, keep_first=False) or ForwardAdjoint(); got "
+            f"{adjoint!r}."
+        )
 
 
 def _solution_stats(stats, grid):

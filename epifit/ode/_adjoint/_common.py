@@ -209,6 +209,7 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
     n_seg = grid.input_index.size
     a_p = [ctx.a_l[i] for i in ctx.a_idx]
     can_fail = adjoint.backward_can_fail
+    ct_ys, ct_inner = _split_inner(ct_ys, grid, ctx.dtype)
 
     def body(carry, x):
         adj_y, adj_a, adj_v, fail = carry
@@ -222,6 +223,9 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
         dead = (fwd_fail[0] != Result.SUCCESSFUL) & (k >= fwd_fail[1])
 
         def pull_back():
+            inner = None
+            if ct_inner is not None:
+                inner = (ct_inner[0][k], jtu.tree_map(lambda c: c[k], ct_inner[1]))
             return _pull_back_segment(
                 adjoint,
                 ctx,
@@ -238,6 +242,7 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
                 # Where a batch turns the `cond` below into a `select` (vmap),
                 # the checkpoint adjoint still replays nothing: no steps.
                 jnp.where(dead, 0, n_acc[k]),
+                inner,
             )
 
         def skip():
@@ -266,11 +271,30 @@ def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
     return adj_y, adj_a, adj_v, fail
 
 
-def _pull_back_segment(adjoint, ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, t_k, n):
+def _split_inner(ct_ys, grid, dtype):
+    """`(cotangents at the boundaries, (inner save times, their cotangents)
+    or None)`; the inner ones `(n_seg, K, ...)` (see `Grid.inner`)."""
+    if grid.inner is None:
+        return ct_ys, None
+    n_b = grid.bounds.size
+    shape = grid.inner.shape
+    at_bounds = jtu.tree_map(lambda c: c[:n_b], ct_ys)
+    inner = jtu.tree_map(lambda c: c[n_b:].reshape(*shape, *c.shape[1:]), ct_ys)
+    return at_bounds, (jnp.asarray(grid.inner, dtype), inner)
+
+
+def _pull_back_segment(
+    adjoint, ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, t_k, n, inner=None
+):
     """`adjoint.segment_backward` through segment `k`, its cotangents cast
     to the types of its inputs (those [`_skip_segment`][] builds), with
-    `(code, t)` of its failure last where the adjoint can fail."""
-    out = adjoint.segment_backward(ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, t_k, n)
+    `(code, t)` of its failure last where the adjoint can fail. `inner`:
+    the segment's inner save times and their cotangents, where the grid has
+    them (only for an adjoint that `differentiates_inner_saves`)."""
+    extra = {} if inner is None else {"inner": inner}
+    out = adjoint.segment_backward(
+        ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, t_k, n, **extra
+    )
     # Cast to the types `_skip_segment` builds from the inputs, so that the
     # segment backward is traced once (not also for its output shapes).
     adj, g_a, g_u = out[:3]

@@ -19,9 +19,15 @@ class AbstractAdjoint(eqx.Module):
     `backward_can_fail`: whether a reverse adjoint's `segment_backward` also
     returns `(code, t)`, the outcome of its backward integration (see
     `_common._reverse_scan`); a replay of the forward steps cannot fail.
+
+    `differentiates_inner_saves`: whether it differentiates a solve whose
+    save times are interpolated inside the steps (`solve(...,
+    interpolate_saves=True)`; the grid's inner saves, `ys` then holds the
+    states there after those at the boundaries).
     """
 
     backward_can_fail = False
+    differentiates_inner_saves = False
 
     @abc.abstractmethod
     def loop(self, integrator, grid, y0, args, values, dt0): ...

@@ -97,6 +97,11 @@ class CheckpointAdjoint(AbstractAdjoint):
         )
 
     @property
+    def differentiates_inner_saves(self) -> bool:
+        """Interpolated saves are pulled back by the unrolled step program."""
+        return self.unroll_first and not self.keep_first
+
+    @property
     def _keep_mode(self):
         """What the forward pass keeps of each segment's first step: its stage
         states (`keep_first`), the values the vector field noted
@@ -107,11 +112,16 @@ class CheckpointAdjoint(AbstractAdjoint):
             return "values"
         return False
 
-    def segment_backward(self, ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, times_k, n):
+    def segment_backward(
+        self, ctx, k, a, b, y_a, y_b, adj_y, a_p, u_l, up, times_k, n, inner=None
+    ):
         """The pull-back through segment `k`'s `n` accepted steps (see the
         class docstring): one step's VJP without replay where `n == 1` and
         the solver is an explicit Runge-Kutta method, else the steps replayed and
-        pulled back in chunks of the adjoint's buffer."""
+        pulled back in chunks of the adjoint's buffer. `inner`: the times and
+        cotangents of the segment's interpolated saves (with
+        `differentiates_inner_saves`), each pulled back through the step
+        that holds it."""
         solver = ctx.integ.solver
         if isinstance(times_k, tuple):  # the forward pass kept the first step
             times_k, stages0 = times_k
@@ -123,8 +133,21 @@ class CheckpointAdjoint(AbstractAdjoint):
         erk = isinstance(solver, AbstractERK)
         if erk and self.unroll_first and stages0 is None:
             return _unrolled_segment_backward(
-                ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, self.buffer, values0
+                ctx,
+                a,
+                y_a,
+                adj_y,
+                a_p,
+                u_l,
+                up,
+                times_k,
+                n,
+                self.buffer,
+                values0,
+                inner,
             )
+        if inner is not None:
+            raise NotImplementedError("inner saves need the unrolled pull-back")
         fwd_step, pull_back = _step_and_pull_back(ctx, a, times_k, a_p, u_l, up, erk)
         B = self.buffer
         _, kept0 = jax.eval_shape(fwd_step, 0, y_a)
@@ -151,7 +174,7 @@ class CheckpointAdjoint(AbstractAdjoint):
 
 
 def _unrolled_segment_backward(
-    ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, buffer, values0=None
+    ctx, a, y_a, adj_y, a_p, u_l, up, times_k, n, buffer, values0=None, inner=None
 ):
     """The pull-back through a segment's `n` steps of an explicit Runge-Kutta
     method, each step by one unrolled program (`AbstractERK.step_vjp(...,
@@ -166,6 +189,9 @@ def _unrolled_segment_backward(
     once; and no dynamic index into the step times is fused into them, which
     made the same kernels several times slower in a loop body (measurements:
     `epifit/ode/README.md`).
+
+    `inner = (times, cotangents)` of the segment's interpolated saves: each
+    step's pull-back takes those of the saves it holds (`_dense_cotangents`).
     """
     solver = ctx.integ.solver
 
@@ -174,8 +200,11 @@ def _unrolled_segment_backward(
 
     def pull_step(ops):
         t0, t1, y0, adj, values = ops
+        dense = None
+        if inner is not None:
+            dense = _dense_cotangents(solver, t0, t1, *inner)
         dy, (dap, dup) = solver.step_vjp(
-            f, t0, t1, y0, (a_p, up), adj, unroll=True, values=values
+            f, t0, t1, y0, (a_p, up), adj, unroll=True, values=values, dense=dense
         )
         return dy, list(dap), list(dup)
 
@@ -221,6 +250,27 @@ def _unrolled_segment_backward(
 
     ops = (a, times_k[0], y_a, adj_y, values0)
     return lax.cond(n == 1, pull_step, replayed, ops)
+
+
+def _dense_cotangents(solver, t0, t1, s, w):
+    """The cotangents `(of y0, of each stage's slope)` of the states
+    interpolated inside the step from `t0` to `t1` at those of the save times
+    `s` (`(K,)`, +inf where none) it holds, whose cotangents are `w`
+    (`(K, ...)`): a save at `t0 < s_k <= t1` is `y0 + h sum_i w_i(theta_k)
+    k_i` (`AbstractERK.dense_weights`)."""
+    h = t1 - t0
+    inside = (s > t0) & (s <= t1)
+    theta = jnp.where(inside, (s - t0) / h, 0.0)
+    weights = jnp.where(inside[:, None], h * solver.dense_weights(theta), 0.0)
+    column = (-1,) + (1,) * (w.ndim - 1)
+    weights = weights.astype(w.dtype)
+    # sums over the K saves, fused elementwise (no matrix products)
+    direct = jnp.sum(inside.astype(w.dtype).reshape(column) * w, axis=0)
+    slopes = [
+        jnp.sum(weights[:, i].reshape(column) * w, axis=0)
+        for i in range(weights.shape[1])
+    ]
+    return direct, slopes
 
 
 def _step_start(a, times_k, i):

@@ -41,6 +41,8 @@ class ForwardAdjoint(AbstractAdjoint):
     """
 
     chunk: int = eqx.field(static=True, default=16)
+    # The tangents run through the forward pass, interpolations included.
+    differentiates_inner_saves = True
 
     def loop(self, integ, grid, y0, args, values, dt0):
         if in_forward_mode():

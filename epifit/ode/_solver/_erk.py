@@ -133,14 +133,42 @@ class AbstractERK(AbstractSolver):
         out = self.step_with_stages(vf, t0, t1, y0, args, u, state, values=True)
         return out[0], out[4]
 
-    def step_with_stages(self, vf, t0, t1, y0, args, u, state, values=False):
+    @property
+    def has_dense_output(self) -> bool:
+        """Whether [`dense_weights`][] interpolates inside a step (methods whose
+        last stage is evaluated at the new state)."""
+        return self.tableau.fsal
+
+    def dense_weights(self, theta):
+        """The weights `w_i(theta)` of the dense output inside a step,
+        `y(t0 + theta h) = y0 + h sum_i w_i(theta) k_i` over all the stages
+        `k_i` (the last at the new state), shaped `(*theta.shape, stages)`.
+
+        Here the cubic Hermite interpolant of `(y0, k_0, y1, k_last)`, third
+        order (Bosh3's, as diffrax's); [`Tsit5`][epifit.ode.Tsit5] has its
+        own, fourth order."""
+        theta = jnp.asarray(theta)
+        t2, t3 = theta * theta, theta * theta * theta
+        h01 = 3 * t2 - 2 * t3  # the weight of y1 - y0 = h sum b_i k_i
+        h10 = t3 - 2 * t2 + theta  # of h k_0
+        h11 = t3 - t2  # of h k_last
+        b = jnp.asarray(self.tableau.b, theta.dtype)
+        w = h01[..., None] * b.reshape((1,) * theta.ndim + (-1,))
+        w = w.at[..., 0].add(h10)
+        return w.at[..., -1].add(h11)
+
+    def step_with_stages(
+        self, vf, t0, t1, y0, args, u, state, values=False, slopes=False
+    ):
         """[`step`][] that also returns the stage states `Y_i` (stacked on a
         new leading axis, in the layout of [`loop_step`][]) of the stages that
         influence `y1`, for the discrete adjoint (unused outputs cost nothing
         once compiled). With `values`, instead of the stage states: the
         values the vector field noted (`note_value`) in the evaluations of
         those stages after the first, each stacked over them (a list, empty
-        where it noted none)."""
+        where it noted none). With `slopes`, the slopes of every stage
+        (a tuple, the first-same-as-last stage's last) follow, for the
+        dense output ([`dense_weights`][])."""
         tab = self.tableau
         dt = jnp.asarray(t1 - t0)
         if tab.fsal:
@@ -183,6 +211,8 @@ class AbstractERK(AbstractSolver):
             stages = jtu.tree_map(
                 lambda *x: jnp.stack(x), *stage_states[: self.n_kept_stages]
             )
+        if slopes:
+            return y1, y_error, new_state, n_evals, stages, tuple(ks)
         return y1, y_error, new_state, n_evals, stages
 
     def _coefficients(self, t0, t1, dtype):
@@ -200,6 +230,16 @@ class AbstractERK(AbstractSolver):
         for i, row in enumerate(tab.a[: s - 1]):
             a[i + 1, : len(row)] = row
         return s, a, np.asarray(tab.b[:s], float), np.asarray((0.0, *tab.c[: s - 1]))
+
+    def _full_tableau(self):
+        """`(s, a, b, c)` of every stage, the first-same-as-last one (at `y1`)
+        included, as NumPy arrays (`a` square, zero-padded)."""
+        tab = self.tableau
+        s = tab.n_stages
+        a = np.zeros((s, s))
+        for i, row in enumerate(tab.a):
+            a[i + 1, : len(row)] = row
+        return s, a, np.asarray(tab.b, float), np.asarray((0.0, *tab.c))
 
     def _stages(self, f, t0, t1, y0, theta):
         """The stage states `Y_i` of one step, computed in a run-time loop."""
@@ -232,7 +272,17 @@ class AbstractERK(AbstractSolver):
         return y0 + h * jnp.tensordot(b, K, axes=1), Ys
 
     def step_vjp(
-        self, f, t0, t1, y0, theta, ct, stage_states=None, unroll=False, values=None
+        self,
+        f,
+        t0,
+        t1,
+        y0,
+        theta,
+        ct,
+        stage_states=None,
+        unroll=False,
+        values=None,
+        dense=None,
     ):
         """The VJP of one step on a flat state, by the discrete adjoint recursion.
 
@@ -262,6 +312,12 @@ class AbstractERK(AbstractSolver):
         to compile (measurements: `epifit/ode/README.md`). `values` (with
         `unroll`): the noted values of the stages, handed back to their
         linearisations and the parameters' pull-back (see `_step_vjp_unrolled`).
+        `dense = (ct_direct, ct_slopes)` (with `unroll`, no `stage_states`):
+        the cotangents of states interpolated inside the step
+        (`dense_weights`), as their sum (`y0`'s share) and as cotangents of
+        every stage's slope, `h sum_k w_i(theta_k) ct_k` (`(stages, ...)`,
+        the first-same-as-last stage's last): that stage, at `y1`, is then
+        pulled back too.
 
         Returns:
             `(ct_y0, ct_theta)`.
@@ -269,8 +325,10 @@ class AbstractERK(AbstractSolver):
         if unroll:
             h = (t1 - t0).astype(ct.dtype)
             return self._step_vjp_unrolled(
-                f, t0, h, y0, stage_states, theta, ct, values
+                f, t0, h, y0, stage_states, theta, ct, values, dense
             )
+        if dense is not None:
+            raise NotImplementedError("dense cotangents need unroll=True")
         if stage_states is None:
             s, A, b, c, h, (Ys, _) = self._stages(f, t0, t1, y0, theta)
         else:
@@ -292,7 +350,7 @@ class AbstractERK(AbstractSolver):
         nu, mus = lax.fori_loop(0, s, back, (zeros, zeros))
         return ct + nu.sum(axis=0), _theta_vjp(f, t0 + c * h, Ys, mus, theta)
 
-    def _step_vjp_unrolled(self, f, t0, h, y0, Ys, theta, ct, values=None):
+    def _step_vjp_unrolled(self, f, t0, h, y0, Ys, theta, ct, values=None, dense=None):
         """[`step_vjp`][] with the stages unrolled at trace time.
 
         Without the stage states `Ys`, they are recomputed from `y0`, and each
@@ -301,9 +359,16 @@ class AbstractERK(AbstractSolver):
         stages after the first, from `step_with_stages(..., values=True)`),
         with the first stage's computed once (`_with_first_values`), are
         handed back (`kept_value`) to every stage's linearisation and to the
-        parameters' batched pull-back.
+        parameters' batched pull-back. With `dense` (see [`step_vjp`][]) the
+        first-same-as-last stage is pulled back too, its value computed once
+        like the first's.
         """
-        s, a, b, c = self._kept_tableau()
+        if dense is None:
+            s, a, b, c = self._kept_tableau()
+        else:
+            s, a, b, c = self._full_tableau()
+            if Ys is not None:
+                raise NotImplementedError("dense cotangents recompute the stages")
         vjps = []
         ks = []
         states = []
@@ -312,6 +377,9 @@ class AbstractERK(AbstractSolver):
             values = _with_first_values(f, t0, y_first, theta, values)
         for i in range(s):
             yi = Ys[i] if Ys is not None else _combine(y0, h, a[i, :i], ks)
+            if dense is not None and values is not None and i == s - 1:
+                # the first-same-as-last stage's values, computed once
+                values = _with_last_values(f, t0 + h, yi, theta, values)
             given = (
                 []
                 if values is None
@@ -333,8 +401,10 @@ class AbstractERK(AbstractSolver):
                 if a[j, i] != 0.0:
                     mu = mu + float(a[j, i]) * nus[j]
             mus[i] = h * mu
+            if dense is not None:
+                mus[i] = mus[i] + dense[1][i]
             (nus[i],) = vjps[i](mus[i])
-        total = ct
+        total = ct if dense is None else ct + dense[0]
         for x in nus:
             total = total + x
         Ys = jnp.stack(states) if Ys is None else Ys
@@ -352,6 +422,18 @@ def _with_first_values(f, t0, y0, theta, values):
     return [
         jtu.tree_map(lambda v0, v: jnp.concatenate([v0[None], v]), v0, v)
         for v0, v in zip(first, values, strict=True)
+    ]
+
+
+def _with_last_values(f, t1, y1, theta, values):
+    """`values` (each stacked over the stages before) with those `f` notes
+    at `(t1, y1)` appended, from an evaluation of which nothing else is
+    used (as [`_with_first_values`][])."""
+    with recording() as last:
+        f(t1, y1, theta)
+    return [
+        jtu.tree_map(lambda v, v1: jnp.concatenate([v, v1[None]]), v, v1)
+        for v, v1 in zip(values, last, strict=True)
     ]
 
 

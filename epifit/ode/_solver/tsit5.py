@@ -1,5 +1,7 @@
 from typing import ClassVar
 
+import jax.numpy as jnp
+
 from ._erk import AbstractAdaptiveERK, ButcherTableau
 
 _b = (
@@ -73,3 +75,31 @@ class Tsit5(AbstractAdaptiveERK):
     tableau: ClassVar[ButcherTableau] = _TABLEAU
     order: ClassVar[int] = 5
     error_order: ClassVar[int] = 5
+
+    def dense_weights(self, theta):
+        """Tsitouras' fourth-order dense output (the weights of the seven
+        stages, the last at the new state; the same polynomials as
+        diffrax's `Tsit5` interpolation)."""
+        t = jnp.asarray(theta)
+        t2 = t * t
+        w = (
+            -1.0530884977290216
+            * t
+            * (t - 1.3299890189751412)
+            * (t2 - 1.4364028541716351 * t + 0.7139816917074209),
+            0.1017 * t2 * (t2 - 2.1966568338249754 * t + 1.2949852507374631),
+            2.490627285651252793
+            * t2
+            * (t2 - 2.38535645472061657 * t + 1.57803468208092486),
+            -16.54810288924490272
+            * (t - 1.21712927295533244)
+            * (t - 0.61620406037800089)
+            * t2,
+            47.37952196281928122
+            * (t - 1.203071208372362603)
+            * (t - 0.658047292653547382)
+            * t2,
+            -34.87065786149660974 * (t - 1.2) * (t - 0.666666666666666667) * t2,
+            2.5 * (t - 1) * (t - 0.6) * t2,
+        )
+        return jnp.stack(w, axis=-1)
