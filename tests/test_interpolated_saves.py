@@ -5,6 +5,8 @@ against `jax.grad` through the same steps written out."""
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -72,27 +74,34 @@ def _accepted_steps(p, solver, ctrl):
 
 
 def _written_out_loss(p, solver, grid, steps):
-    """The same steps, each a fresh solver step, and the same interpolants,
-    written out in Python: what `jax.grad` differentiates here is the
-    discrete solution on this mesh, as the checkpoint adjoint does."""
-    y = _lv_y0(p)
-    rows = {0: y}
-    n_b, k_max = grid.bounds.size, grid.n_inner
-    for k, ends in enumerate(steps):
-        u = (LV_INPUTS * p[5])[grid.input_index[k]]
-        t0 = grid.bounds[k]
-        for t1 in ends:
-            f0, _ = solver.init(_lv, t0, y, p[:4], u)
-            out = solver.step_with_stages(_lv, t0, t1, y, p[:4], u, f0, slopes=True)
-            for j, s in enumerate(grid.inner[k]):
-                if t0 < s <= t1:
-                    w = solver.dense_weights(jnp.asarray((s - t0) / (t1 - t0)))
-                    interp = y + (t1 - t0) * jnp.tensordot(w, jnp.stack(out[5]), 1)
-                    rows[n_b + k * k_max + j] = interp
-            y, t0 = out[0], t1
-        rows[k + 1] = y
-    ys = jnp.stack([rows[int(i)] for i in grid.save_index])
-    return jnp.sum(LV_WEIGHTS * ys)
+    """The same steps, each a fresh solver step (a `lax.scan` over the
+    mesh, so it compiles once), and the same interpolants: what `jax.grad`
+    differentiates here is the discrete solution on this mesh, as the
+    checkpoint adjoint does."""
+    t0s = np.concatenate([np.r_[grid.bounds[k], e[:-1]] for k, e in enumerate(steps)])
+    t1s = np.concatenate(steps)
+    seg = np.concatenate([np.full(len(e), k) for k, e in enumerate(steps)])
+    us = (LV_INPUTS * p[5])[grid.input_index[seg]]
+
+    def body(y, x):
+        t0, t1, u = x
+        f0, _ = solver.init(_lv, t0, y, p[:4], u)
+        out = solver.step_with_stages(_lv, t0, t1, y, p[:4], u, f0, slopes=True)
+        return out[0], (y, out[0], jnp.stack(out[5]))
+
+    _, (y_start, y_end, ks) = jax.lax.scan(body, _lv_y0(p), (t0s, t1s, us))
+    rows = []
+    for s in LV_TS:
+        if s == LV_TS[0]:
+            rows.append(_lv_y0(p))
+        elif np.any(np.isclose(grid.bounds, s, rtol=0, atol=1e-12)):
+            rows.append(y_end[int(np.argmin(np.abs(t1s - s)))])
+        else:  # an inner save: in the step that holds it
+            i = int(np.searchsorted(t1s, s - 1e-12))
+            h = t1s[i] - t0s[i]
+            w = solver.dense_weights(jnp.asarray((s - t0s[i]) / h))
+            rows.append(y_start[i] + h * jnp.tensordot(w, ks[i], 1))
+    return jnp.sum(LV_WEIGHTS * jnp.stack(rows))
 
 
 # ------------------------------------------------------------------- the grid
@@ -213,8 +222,10 @@ def test_checkpoint_gradient_through_interpolated_saves_is_exact(
     if one_step:
         assert min(counts) == 1, counts  # and one-step ones
     value, g = jax.value_and_grad(_lv_loss)(p, solver, ctrl)
-    # eager: compiling the written-out steps takes longer than running them
-    ref_value, ref = jax.value_and_grad(_written_out_loss)(p, solver, grid, steps)
+    written_out = functools.partial(
+        _written_out_loss, solver=solver, grid=grid, steps=steps
+    )
+    ref_value, ref = jax.jit(jax.value_and_grad(written_out))(p)
     np.testing.assert_allclose(value, ref_value, rtol=1e-12)
     np.testing.assert_allclose(g, ref, rtol=1e-10, atol=1e-12)
     if rtol <= 1e-5:
@@ -318,3 +329,46 @@ def test_solver_settings_carry_interpolated_saves():
     assert "interpolate_saves" not in SolverSettings().to_dict()
     with pytest.raises(TypeError, match="interpolate_saves"):
         SolverSettings(interpolate_saves="yes")
+
+
+def test_settings_refuse_interpolated_saves_they_cannot_differentiate():
+    """The needs of `interpolate_saves` are checked when the settings are
+    made (a fit file's or `calibrate`'s), not at the first solve."""
+    with pytest.raises(ValueError, match="checkpoint adjoint"):
+        SolverSettings(interpolate_saves=True, adjoint="backsolve")
+    with pytest.raises(ValueError, match="dense output"):
+        SolverSettings(interpolate_saves=True, solver="kvaerno5")
+    with pytest.raises(ValueError, match="adaptive"):
+        SolverSettings(
+            interpolate_saves=True, stepsize_controller=ConstantStepSize(0.5)
+        )
+
+
+def test_a_fit_file_sets_interpolated_saves_and_the_fit_records_them():
+    """`interpolate_saves = true` in a fit file reaches the fit's solves and
+    its recorded settings (absent when unset, as in earlier records); a
+    value that is not a boolean is refused naming the field."""
+    import epifit
+    from epifit.fitting import FitConfigError, parse_fit_config
+
+    assert parse_fit_config({"interpolate_saves": True}).interpolate_saves is True
+    assert parse_fit_config({}).interpolate_saves is None
+    with pytest.raises(FitConfigError, match="interpolate_saves"):
+        parse_fit_config({"interpolate_saves": "yes"}, file="fit.toml")
+    model, data = "models/sir.toml", "data/boarding_school_1978.nc"
+    fits = {
+        flag: epifit.calibrate(
+            model,
+            data,
+            fit={"interpolate_saves": flag, "rtol": 1e-8, "atol": 1e-8},
+            uncertainty=False,
+            progress=False,
+        )
+        for flag in (False, True)
+    }
+    assert fits[True].settings["interpolate_saves"] is True
+    assert "interpolate_saves" not in fits[False].settings
+    # the same optimum, to the solver's tolerance
+    for name in ("beta", "gamma"):
+        want = fits[False].parameters[name]
+        assert fits[True].parameters[name] == pytest.approx(want, rel=1e-5)

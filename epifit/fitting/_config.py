@@ -116,6 +116,7 @@ TOP_LEVEL = (
     "max_steps",
     "adjoint",
     "solver",
+    "interpolate_saves",
     "checkpoint_every",
     "chunk_size",
     "max_retreats",
@@ -202,6 +203,7 @@ class FitConfig:
     max_steps: int | None = None
     adjoint: str | None = None
     solver: str | None = None
+    interpolate_saves: bool | None = None
     checkpoint_every: int | None = None
     chunk_size: int | None = None
     max_retreats: int | None = None
@@ -234,6 +236,8 @@ def parse_fit_config(data: Mapping[str, Any], *, file: str = "fit") -> FitConfig
         kw["adjoint"] = r.choice(t["adjoint"], "adjoint", ADJOINTS)
     if "solver" in t:
         kw["solver"] = r.choice(t["solver"], "solver", SOLVERS)
+    if "interpolate_saves" in t:
+        kw["interpolate_saves"] = r.boolean(t["interpolate_saves"], "interpolate_saves")
     if "parameters" in t:
         kw["parameters"] = _parameters(r, t["parameters"])
     if "phases" in t:

@@ -103,6 +103,8 @@ class FitSetup:
             **{
                 k: solver[k] for k in ("rtol", "atol", "max_steps", "adjoint", "solver")
             },
+            # only when set: the records of earlier fits still match
+            **{k: v for k, v in solver.items() if k == "interpolate_saves"},
             "dtype": str(dtype),
         }
 
@@ -219,6 +221,7 @@ def resolve_fit(
         rtol=config.rtol,
         atol=config.atol,
         max_steps=config.max_steps,
+        interpolate_saves=config.interpolate_saves,
     )
     objective = Objective(problem, free, settings)
     phases = config.phases or default_phases(objective)

@@ -16,6 +16,7 @@ from epifit.ode import (
     BacksolveAdjoint,
     Bosh3,
     CheckpointAdjoint,
+    ConstantStepSize,
     Dopri5,
     Euler,
     ForwardAdjoint,
@@ -61,6 +62,28 @@ def _named(kind: str, table: Mapping[str, type], value, base: type):
             )
         return table[key]()
     raise TypeError(f"{kind} must be an epifit.ode {kind} or its name; got {value!r}.")
+
+
+def _check_interpolation(settings) -> None:
+    """`interpolate_saves=True`'s needs (as `epifit.ode.solve` checks them),
+    refused when the settings are made, not at the first solve."""
+    adjoint = settings.adjoint or CheckpointAdjoint()
+    controller = settings.stepsize_controller
+    if isinstance(controller, ConstantStepSize):
+        raise ValueError(
+            "interpolate_saves=True needs an adaptive step-size controller; "
+            "fixed steps already land on the save times."
+        )
+    if not getattr(settings.solver, "has_dense_output", False):
+        raise ValueError(
+            "interpolate_saves=True needs a solver with a dense output (tsit5, "
+            f"bosh3, dopri5); got {type(settings.solver).__name__}."
+        )
+    if not adjoint.differentiates_inner_saves:
+        raise ValueError(
+            "interpolate_saves=True is differentiated by the checkpoint adjoint "
+            f"(unroll_first, no keep_first) or the forward one; got {adjoint!r}."
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +150,8 @@ class SolverSettings:
                 "interpolate_saves must be True or False; got "
                 f"{self.interpolate_saves!r}."
             )
+        if self.interpolate_saves:
+            _check_interpolation(self)
         if controller is None and not isinstance(self.solver, AbstractAdaptiveSolver):
             raise ValueError(
                 f"{type(self.solver).__name__}() has no error estimate for a PID "
