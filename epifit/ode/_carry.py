@@ -93,18 +93,25 @@ def input_at(values, k):
     return jtu.tree_map(lambda v: lax.dynamic_index_in_dim(v, k, 0, False), values)
 
 
+def step_weights(solver, t0, t1, s, inside):
+    """`h w_i(theta_k)` (`(K, stages)`, zero where not `inside`) of the saves
+    at `s` (`(K,)` times) inside the step from `t0` to `t1`: the state there
+    is `y0 + h sum_i w_i(theta_k) k_i` (`dense_weights`)."""
+    h = t1 - t0
+    theta = jnp.where(inside, (s - t0) / h, 0.0)
+    return jnp.where(inside[:, None], h * solver.dense_weights(theta), 0.0)
+
+
 def interpolate_inner(solver, c, accept, t1, ks, inner):
     """`c.y_inner` with the inner saves at `inner` (`(K,)` times) that the
     step from `c.t` to `t1` holds, if accepted, interpolated from its
-    slopes `ks` (`dense_weights`); behind a `cond`, so a step holding
+    slopes `ks` (`step_weights`); behind a `cond`, so a step holding
     none costs one comparison."""
     inside = accept & (inner > c.t) & (inner <= t1)
 
     def fill(ops):
         y_inner, y0, ks = ops
-        h = t1 - c.t
-        theta = jnp.where(inside, (inner - c.t) / h, 0.0)
-        w = (h * solver.dense_weights(theta)).astype(y0.dtype)
+        w = step_weights(solver, c.t, t1, inner, inside).astype(y0.dtype)
         column = (-1,) + (1,) * y0.ndim
         new = y0[None]
         for i, k in enumerate(ks):  # one fused kernel, no matrix product

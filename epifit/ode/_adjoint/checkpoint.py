@@ -10,6 +10,7 @@ import jax.lax as lax
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from .._carry import step_weights
 from .._solver import AbstractERK
 from ._common import reverse_loop
 from .base import AbstractAdjoint
@@ -258,12 +259,9 @@ def _dense_cotangents(solver, t0, t1, s, w):
     `s` (`(K,)`, +inf where none) it holds, whose cotangents are `w`
     (`(K, ...)`): a save at `t0 < s_k <= t1` is `y0 + h sum_i w_i(theta_k)
     k_i` (`AbstractERK.dense_weights`)."""
-    h = t1 - t0
     inside = (s > t0) & (s <= t1)
-    theta = jnp.where(inside, (s - t0) / h, 0.0)
-    weights = jnp.where(inside[:, None], h * solver.dense_weights(theta), 0.0)
+    weights = step_weights(solver, t0, t1, s, inside).astype(w.dtype)
     column = (-1,) + (1,) * (w.ndim - 1)
-    weights = weights.astype(w.dtype)
     # sums over the K saves, fused elementwise (no matrix products)
     direct = jnp.sum(inside.astype(w.dtype).reshape(column) * w, axis=0)
     slopes = [

@@ -223,13 +223,10 @@ class AbstractERK(AbstractSolver):
 
     def _kept_tableau(self):
         """`(s, a, b, c)` of the stages that influence `y1`, as NumPy arrays
-        (`a` square, zero-padded)."""
-        tab = self.tableau
+        (`a` square, zero-padded): the leading part of [`_full_tableau`][]."""
+        _, a, b, c = self._full_tableau()
         s = self.n_kept_stages
-        a = np.zeros((s, s))
-        for i, row in enumerate(tab.a[: s - 1]):
-            a[i + 1, : len(row)] = row
-        return s, a, np.asarray(tab.b[:s], float), np.asarray((0.0, *tab.c[: s - 1]))
+        return s, a[:s, :s], b[:s], c[:s]
 
     def _full_tableau(self):
         """`(s, a, b, c)` of every stage, the first-same-as-last one (at `y1`)
