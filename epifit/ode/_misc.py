@@ -9,9 +9,44 @@ import jax.tree_util as jtu
 def rms_norm(tree):
     """Root mean square over every element of every leaf (the usual ODE error norm)."""
     leaves = jtu.tree_leaves(tree)
-    sq = sum(jnp.sum(jnp.square(x)) for x in leaves)
+    sq = sum(sum_of_squares(x) for x in leaves)
     n = sum(x.size for x in leaves)
     return jnp.sqrt(sq / n)
+
+
+def sum_of_squares(x):
+    """`sum(x**2)`, for an array of two or more axes as the sum of its rows
+    (every axis but the last) by elementwise additions, then a reduction of
+    that one row.
+
+    XLA CPU's full reduction of a `(rows, n)` array splits it into a
+    `reduce-window` and a reduction, neither vectorised along the rows; the
+    additions of rows are. On the reference problem's `(16, 280)` error
+    estimate: 0.83 against 3.93 us, loss 9.68 against 10.37 ms
+    (`epifit/ode/README.md`). The sum is the same up to rounding (the order
+    of the additions differs).
+    """
+    x = jnp.square(x)
+    if x.ndim < 2 or x.size == 0:
+        return jnp.sum(x)
+    return jnp.sum(sum_rows(x.reshape(-1, x.shape[-1])))
+
+
+def sum_rows(x):
+    """`x.sum(axis=0)` as additions of the rows (a tree of halvings above
+    `MAX_ROW_ADDS` rows, so that no fused kernel reads too many)."""
+    while x.shape[0] > MAX_ROW_ADDS:
+        half = x.shape[0] // 2
+        top = x[:half] + x[half : 2 * half]
+        x = top if x.shape[0] % 2 == 0 else top.at[0].add(x[-1])
+    out = x[0]
+    for k in range(1, x.shape[0]):
+        out = out + x[k]
+    return out
+
+
+# The most rows that `sum_rows` adds in one expression.
+MAX_ROW_ADDS = 32
 
 
 def tree_all_finite(tree):

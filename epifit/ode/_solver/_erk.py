@@ -11,6 +11,7 @@ import jax.tree_util as jtu
 import numpy as np
 
 from .._kept import injecting, recording
+from .._sums import sums_as_additions
 from .base import AbstractAdaptiveSolver, AbstractSolver
 
 
@@ -441,16 +442,22 @@ def _theta_vjp(f, ts, Ys, mus, theta, values=None):
     a parameter's cotangent needs runs once per step, not once per stage.
     `values`, the values `f` notes in every stage (each stacked over the
     stages, as `_with_first_values` gives them), are handed back to its
-    linearisation (`kept_value`), which then does not compute them again."""
+    linearisation (`kept_value`), which then does not compute them again.
+    Its sums over the stages are additions (`sums_as_additions`)."""
     values = [] if values is None else values
 
     def stage(t, y, v, th):
         with injecting(v):
             return f(t, y, th)
 
-    batched = jax.vmap(stage, (0, 0, 0, None))
-    _, vjp = jax.vjp(lambda th: batched(ts, Ys, values, th), theta)
-    return vjp(mus)[0]
+    def pull_back(ts, Ys, mus, theta, values):
+        batched = jax.vmap(stage, (0, 0, 0, None))
+        _, vjp = jax.vjp(lambda th: batched(ts, Ys, values, th), theta)
+        return vjp(mus)[0]
+
+    # the reductions over the stages (and the rows a rate scales) that the
+    # pull-back of the broadcasts writes, as additions (see `_sums`)
+    return sums_as_additions(pull_back)(ts, Ys, mus, theta, values)
 
 
 class AbstractAdaptiveERK(AbstractERK, AbstractAdaptiveSolver):

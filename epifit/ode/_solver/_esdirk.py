@@ -32,6 +32,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
+from .._misc import rms_norm
 from .base import AbstractImplicitSolver
 
 
@@ -50,10 +51,6 @@ class ESDIRKTableau(NamedTuple):
     c: tuple[float, ...]
     a: tuple[tuple[float, ...], ...]
     predictor: tuple[tuple[float, ...], ...]
-
-
-def _rms(x):
-    return jnp.sqrt(jnp.mean(jnp.square(x)))
 
 
 class AbstractESDIRK(AbstractImplicitSolver):
@@ -186,7 +183,7 @@ def _newton_solver(unravel, lu, rtol, atol, kappa, max_steps, dtype):
             r = ravel_pytree(residual(unravel(z)))[0]
             dz = -jsl.lu_solve(lu, r)
             z = z + dz
-            dn = _rms(dz / (atol + rtol * jnp.abs(z)))
+            dn = rms_norm(dz / (atol + rtol * jnp.abs(z)))
             # Convergence rate and Hairer-Wanner's estimate of the remaining
             # error, eta * |dz| (IV.8.14); the first iteration has no rate.
             theta = dn / jnp.maximum(dn_prev, jnp.finfo(dtype).tiny)
