@@ -48,8 +48,13 @@ def test_sum_by_additions_refuses_the_last_axis():
         _sums.sum_by_additions(jnp.ones((3, 4)), (1,))
 
 
+@jax.jit
+def _rows(x):
+    return x.sum(axis=0)
+
+
 def _fn(x, tree):
-    a = x.sum(axis=0)  # (7, 9): additions
+    a = _rows(x)  # (7, 9): additions, inside a nested jit
     b = x.sum(axis=(0, 1))  # (9,): additions
     c = x.sum(axis=-1)  # (6, 7): the last axis, a reduction
     d = tree["w"].sum(axis=0)  # (100, 3) over 100 rows: more than MAX_ADDED

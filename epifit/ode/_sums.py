@@ -62,6 +62,10 @@ def sum_by_additions(x, axes):
     return x
 
 
+# Calls of a nested `jit`, evaluated inline (as XLA inlines them).
+_INLINED = ("jit", "pjit")
+
+
 def _by_additions(x, axes) -> bool:
     if not axes or x.ndim - 1 in axes:
         return False
@@ -69,7 +73,8 @@ def _by_additions(x, axes) -> bool:
 
 
 def _evaluate(jaxpr, consts, args):
-    """`jax.core.eval_jaxpr`, with the sums `_by_additions` selects replaced."""
+    """`jax.core.eval_jaxpr`, with the sums `_by_additions` selects replaced,
+    in nested `jit` calls too."""
     env = {}
 
     def read(v):
@@ -83,6 +88,9 @@ def _evaluate(jaxpr, consts, args):
             invals[0], eqn.params["axes"]
         ):
             outs = [sum_by_additions(invals[0], eqn.params["axes"])]
+        elif eqn.primitive.name in _INLINED:  # a nested `jit`: its sums too
+            inner = eqn.params["jaxpr"]
+            outs = _evaluate(inner.jaxpr, inner.consts, invals)
         else:
             params = eqn.primitive.get_bind_params(eqn.params)
             with eqn.ctx.manager:
