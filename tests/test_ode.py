@@ -425,6 +425,25 @@ def test_failure_under_jit_raises_at_run_time():
     assert "maximum number of steps per segment (200)" in message
 
 
+def test_failure_check_adds_no_effect_and_raises_under_vmap():
+    """The run-time failure check is a callback tied to the saved states,
+    not an effect (an effect sends every call of the compiled program through
+    JAX's Python dispatch); under `vmap` a failed lane raises too."""
+
+    def run(y0):
+        return solve(
+            _rate_decay, y0, ts=[0.0, 1.0, 2.0], inputs=STIFF_AFTER_1, max_steps=200
+        ).ys
+
+    assert not jax.make_jaxpr(run)(jnp.asarray(1.0)).effects
+    with pytest.raises((SolverError, jax.errors.JaxRuntimeError)) as info:
+        jax.block_until_ready(jax.jit(jax.vmap(run))(jnp.asarray([1.0, 2.0])))
+    assert "ODE solve failed in segment 1 [t=1, 2]" in str(info.value)
+    # the states' tangents pass through the check
+    ok = jax.jit(jax.grad(lambda y0: solve(_decay, y0, 0.5, ts=[0.0, 1.0]).ys[-1]))
+    np.testing.assert_allclose(ok(jnp.asarray(1.0)), np.exp(-0.5), rtol=1e-5)
+
+
 def test_jit_without_failure_returns_normally():
     run = jax.jit(lambda y0: solve(_decay, y0, 0.5, ts=[0.0, 1.0]).ys)
     np.testing.assert_allclose(run(jnp.asarray(1.0))[-1], np.exp(-0.5), rtol=1e-5)

@@ -32,11 +32,11 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax import lax
 
 from epifit.model._coupling import SparseCoupling
 from epifit.model._plan import Plan
 from epifit.model._spec import ModelSpec
+from epifit.ode import raise_at_run_time
 
 __all__ = ["break_days", "check_breaks", "on_breaks"]
 
@@ -199,7 +199,7 @@ def on_breaks(
         v = v[b]
         sparse = isinstance(a, SparseCoupling)
         out[c.name] = SparseCoupling(v, a.columns) if sparse else v
-    _raise_if_changed(checked, b, spec.path)
+    out = _raise_if_changed(out, checked, b, spec.path)
     daily = None if daily is None else {k: v[b] for k, v in daily.items()}
     return out, daily, b
 
@@ -248,11 +248,12 @@ def _changes_off_breaks(v, start: np.ndarray):
     return jnp.where(jnp.any(off), jnp.argmax(off), -1)
 
 
-def _raise_if_changed(checked: Mapping[str, Any], b: np.ndarray, path) -> None:
-    """Raise (now if concrete, else at run time from a callback) naming the
-    first covariate of `checked` that changes on a day not in `b`."""
+def _raise_if_changed(out, checked: Mapping[str, Any], b: np.ndarray, path):
+    """`out`, after raising (now if concrete, else at run time from a
+    callback) naming the first covariate of `checked` that changes on a day
+    not in `b`."""
     if not checked:
-        return
+        return out
     names = list(checked)
 
     def check(*days):
@@ -265,16 +266,11 @@ def _raise_if_changed(checked: Mapping[str, Any], b: np.ndarray, path) -> None:
     days = [checked[n] for n in names]
     if not any(isinstance(d, jax.core.Tracer) for d in days):
         check(*days)
-        return
-
-    # An effectful callback (never removed by dead-code elimination, and
-    # transparent to differentiation, as the ODE core's failure check), in a
-    # `cond`: a host round trip costs about 70 us a solve, the `cond` 30 us.
-    def fail():
-        jax.debug.callback(check, *days)
-
+        return out
+    # a host callback in a `cond`, tied to `out` (no side effect in the
+    # program; see `epifit.ode.raise_at_run_time`)
     bad = jnp.any(jnp.stack([d >= 0 for d in days]))
-    lax.cond(bad, fail, lambda: None)
+    return raise_at_run_time(out, bad, check, *days)
 
 
 def _message(name: str, day: int, b: np.ndarray, path) -> str:

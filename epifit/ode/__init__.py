@@ -12,6 +12,7 @@ from ._adjoint import QuadratureAdjoint as QuadratureAdjoint
 from ._adjoint import forward_mode as forward_mode
 from ._errors import Result as Result
 from ._errors import SolverError as SolverError
+from ._errors import raise_at_run_time as raise_at_run_time
 from ._inputs import PiecewiseConstant as PiecewiseConstant
 from ._jacobian import forward_gradient as forward_gradient
 from ._jacobian import jacobian as jacobian

@@ -11,7 +11,7 @@ from jax.flatten_util import ravel_pytree
 
 from ._adjoint.base import AbstractAdjoint
 from ._adjoint.checkpoint import CheckpointAdjoint
-from ._errors import Result, SolverError, format_failure
+from ._errors import Result, SolverError, format_failure, raise_at_run_time
 from ._grid import make_grid
 from ._inputs import PiecewiseConstant
 from ._loop import Integrator
@@ -370,7 +370,5 @@ def _raise_if_failed(ys, code, seg, t_fail, grid, max_steps):
             if int(c) != Result.SUCCESSFUL:
                 raise SolverError(_message(c, k, t, grid, max_steps))
 
-    # An effectful callback: never removed by dead-code elimination, and
-    # transparent to differentiation.
-    jax.debug.callback(check, code, seg, jax.lax.stop_gradient(t_fail))
-    return ys
+    failed = code != Result.SUCCESSFUL
+    return raise_at_run_time(ys, failed, check, code, seg, t_fail)

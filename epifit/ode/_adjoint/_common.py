@@ -19,7 +19,12 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
-from .._errors import Result, SolverError, format_backward_failure
+from .._errors import (
+    Result,
+    SolverError,
+    format_backward_failure,
+    raise_at_run_time,
+)
 from .._misc import tree_add, tree_all_finite, tree_all_zero
 
 _FORWARD_MODE = contextvars.ContextVar("epifit_forward_mode", default=False)
@@ -143,7 +148,9 @@ def reverse_loop(
             adjoint, ctx, ys, ct_ys, v_l_, times, n_acc, fwd_fail
         )
         if fail is not None and integ.throw:
-            _raise_if_backward_failed(adjoint, integ, grid, *fail)
+            adj_y, adj_a, adj_v = _raise_if_backward_failed(
+                (adj_y, adj_a, adj_v), adjoint, integ, grid, *fail
+            )
         adj_y_l = [
             g if p else None
             for g, p in zip(jtu.tree_leaves(adj_y), box["y_pert"], strict=True)
@@ -160,9 +167,10 @@ def reverse_loop(
     return run(y0_l, a_l, v_l)
 
 
-def _raise_if_backward_failed(adjoint, integ, grid, code, seg, t_stop):
-    """Raise, at run time, the first failure of a backward pass (in the order
-    the pass met them: the latest segment first) as a `SolverError`."""
+def _raise_if_backward_failed(x, adjoint, integ, grid, code, seg, t_stop):
+    """`x`, after raising, at run time, the first failure of a backward pass
+    (in the order the pass met them: the latest segment first) as a
+    `SolverError`."""
     name = type(adjoint).__name__
     buffer = getattr(adjoint, "buffer", None)
 
@@ -182,7 +190,8 @@ def _raise_if_backward_failed(adjoint, integ, grid, code, seg, t_stop):
                 )
             )
 
-    jax.debug.callback(check, code, seg, t_stop)
+    failed = code != Result.SUCCESSFUL
+    return raise_at_run_time(x, failed, check, code, seg, t_stop)
 
 
 def _reverse_scan(adjoint, ctx, ys, ct_ys, v_l, times, n_acc, fwd_fail):
