@@ -93,6 +93,9 @@ def _evaluate(jaxpr, consts, args):
             outs = _evaluate(inner.jaxpr, inner.consts, invals)
         else:
             params = eqn.primitive.get_bind_params(eqn.params)
+            if isinstance(params, tuple):  # older JAX: (sub-functions, params)
+                subfuns, params = params
+                invals = [*subfuns, *invals]
             with eqn.ctx.manager:
                 out = eqn.primitive.bind(*invals, **params)
             outs = out if eqn.primitive.multiple_results else [out]
