@@ -9,7 +9,7 @@ import pytest
 from jax.extend.core import jaxprs_in_params
 
 from epifit.ode import _sums
-from epifit.ode._misc import MAX_ROW_ADDS, rms_norm, sum_of_squares, sum_rows
+from epifit.ode._misc import rms_norm, sum_of_squares
 from epifit.ode._solver import _erk
 
 
@@ -127,7 +127,7 @@ def test_theta_pull_back_has_no_reduction_over_the_stages():
 
 
 @pytest.mark.parametrize(
-    "shape", [(), (5,), (16, 280), (2, 3, 4), (MAX_ROW_ADDS * 2 + 3, 5), (0, 4)]
+    "shape", [(), (5,), (16, 280), (2, 3, 4), (_sums.MAX_ADDED * 2 + 3, 5), (0, 4)]
 )
 def test_sum_of_squares_and_rms_norm(shape):
     x = np.random.default_rng(4).standard_normal(shape)
@@ -138,6 +138,9 @@ def test_sum_of_squares_and_rms_norm(shape):
         np.testing.assert_allclose(rms_norm(tree), want, rtol=1e-12)
 
 
-def test_sum_rows_halves_long_stacks():
-    x = np.random.default_rng(5).standard_normal((MAX_ROW_ADDS * 3 + 1, 4))
-    np.testing.assert_allclose(sum_rows(jnp.asarray(x)), x.sum(0), rtol=1e-12)
+@pytest.mark.parametrize("n", [_sums.MAX_ADDED * 3 + 1, _sums.MAX_ADDED * 4 + 2])
+def test_sum_by_additions_halves_long_axes(n):
+    """An axis longer than MAX_ADDED is halved first, odd slices kept aside."""
+    x = np.random.default_rng(5).standard_normal((3, n, 4))
+    got = _sums.sum_by_additions(jnp.asarray(x), (0, 1))
+    np.testing.assert_allclose(got, x.sum((0, 1)), rtol=1e-12)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax.numpy as jnp
 import jax.tree_util as jtu
 
+from ._sums import sum_by_additions
+
 
 def rms_norm(tree):
     """Root mean square over every element of every leaf (the usual ODE error norm)."""
@@ -16,8 +18,8 @@ def rms_norm(tree):
 
 def sum_of_squares(x):
     """`sum(x**2)`, for an array of two or more axes as the sum of its rows
-    (every axis but the last) by elementwise additions, then a reduction of
-    that one row.
+    (every axis but the last) by elementwise additions
+    (`_sums.sum_by_additions`), then a reduction of that one row.
 
     XLA CPU's full reduction of a `(rows, n)` array splits it into a
     `reduce-window` and a reduction, neither vectorised along the rows; the
@@ -29,24 +31,7 @@ def sum_of_squares(x):
     x = jnp.square(x)
     if x.ndim < 2 or x.size == 0:
         return jnp.sum(x)
-    return jnp.sum(sum_rows(x.reshape(-1, x.shape[-1])))
-
-
-def sum_rows(x):
-    """`x.sum(axis=0)` as additions of the rows (a tree of halvings above
-    `MAX_ROW_ADDS` rows, so that no fused kernel reads too many)."""
-    while x.shape[0] > MAX_ROW_ADDS:
-        half = x.shape[0] // 2
-        top = x[:half] + x[half : 2 * half]
-        x = top if x.shape[0] % 2 == 0 else top.at[0].add(x[-1])
-    out = x[0]
-    for k in range(1, x.shape[0]):
-        out = out + x[k]
-    return out
-
-
-# The most rows that `sum_rows` adds in one expression.
-MAX_ROW_ADDS = 32
+    return jnp.sum(sum_by_additions(x, range(x.ndim - 1)))
 
 
 def tree_all_finite(tree):

@@ -50,15 +50,27 @@ def sums_as_additions(fun):
 
 def sum_by_additions(x, axes):
     """`x.sum(axes)` as additions of the slices along each axis in `axes`,
-    the last axis excepted."""
+    the last axis excepted. An axis longer than `MAX_ADDED` is first halved
+    (its two halves added) until it is not, so that no fused kernel reads
+    too many slices."""
     axes = sorted({a % x.ndim for a in axes}, reverse=True)
     if x.ndim - 1 in axes:
         raise ValueError("sum_by_additions keeps the last axis")
     for a in axes:
-        out = lax.index_in_dim(x, 0, a, keepdims=False)
-        for i in range(1, x.shape[a]):
-            out = out + lax.index_in_dim(x, i, a, keepdims=False)
-        x = out
+        parts = []  # the odd slices left over by the halvings
+        while x.shape[a] > MAX_ADDED:
+            n, half = x.shape[a], x.shape[a] // 2
+            if n % 2:
+                parts.append(lax.index_in_dim(x, n - 1, a, keepdims=False))
+            x = lax.slice_in_dim(x, 0, half, axis=a) + lax.slice_in_dim(
+                x, half, 2 * half, axis=a
+            )
+        parts = [
+            lax.index_in_dim(x, i, a, keepdims=False) for i in range(x.shape[a])
+        ] + parts
+        x = parts[0]
+        for part in parts[1:]:
+            x = x + part
     return x
 
 
