@@ -387,6 +387,7 @@ def test_kept_products_give_the_recomputed_gradient(spacing, rtol, sparse, monke
     pull-back program that serves one-step and replayed segments."""
     import epifit.model._coupling as coupling
     import epifit.model._once as once
+    import epifit.ode._solve as solve_module
 
     taken = []
     take = once.kept_value
@@ -436,7 +437,15 @@ def test_kept_products_give_the_recomputed_gradient(spacing, rtol, sparse, monke
     plain = jax.grad(lambda f: loss(f, CheckpointAdjoint(keep_values=False)))(free)
     assert not taken
     g = jax.grad(lambda f: loss(f, CheckpointAdjoint()))(free)
+    # the vector field is traced once per signature (`traced_once`), so the
+    # products are taken once at trace time ...
+    assert len(taken) == 1
+    # ... and, traced at every evaluation, once by each of the seven
+    taken.clear()
+    monkeypatch.setattr(solve_module, "traced_once", lambda vf: vf)
+    g_each = jax.grad(lambda f: loss(f, CheckpointAdjoint()))(free)
     assert len(taken) == 7  # six stages, and the parameters' pull-back
     assert np.all(np.abs(np.asarray(plain["mix"])) > 0)  # the coupling matters
-    for a, b in zip(jax.tree.leaves(g), jax.tree.leaves(plain), strict=True):
+    for a, b, c in zip(*map(jax.tree.leaves, (g, plain, g_each)), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-300)
+        np.testing.assert_array_equal(a, c)

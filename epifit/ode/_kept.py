@@ -17,6 +17,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
+import jax
+
 _RECORD: contextvars.ContextVar[list | None] = contextvars.ContextVar(
     "epifit_ode_record", default=None
 )
@@ -68,3 +70,41 @@ def injecting(values):
         yield
     finally:
         _INJECT.reset(token)
+
+
+def traced_once(vf):
+    """`vf(t, y, args, u)` behind a `jax.jit`, so that it is traced once per
+    signature however many times a solve's program evaluates it (the stages
+    of a step, the forward pass and the backward pass's recomputed stages,
+    their linearisations and batched pull-backs): tracing a model's vector
+    field is the largest part of tracing its gradient. XLA inlines the call,
+    so the compiled program is the same.
+
+    The values [`note_value`][] and [`kept_value`][] pass at trace time
+    become the call's outputs and operands: the values an enclosing
+    [`injecting`][] holds are handed to this evaluation (all of them: the
+    ODE core hands each evaluation its own), and the values the evaluation
+    notes are noted again outside, where [`recording`][] collects them.
+    """
+
+    def evaluate(t, y, args, u, given, record):
+        with injecting(given), recording() as noted:
+            dy = vf(t, y, args, u)
+        return dy, (noted if record else [])
+
+    # a function of its own for each vector field: JAX's caches hold it
+    # weakly, so a solve's traces go when its vector field does
+    call = jax.jit(evaluate, static_argnums=(5,))
+
+    def traced(t, y, args, u):
+        queue = _INJECT.get()
+        given = list(queue) if queue else []
+        if queue:
+            queue.clear()
+        record = _RECORD.get() is not None
+        dy, noted = call(t, y, args, u, given, record)
+        for value in noted:
+            note_value(value)
+        return dy
+
+    return traced

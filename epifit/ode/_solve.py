@@ -14,6 +14,7 @@ from ._adjoint.checkpoint import CheckpointAdjoint
 from ._errors import Result, SolverError, format_failure, raise_at_run_time
 from ._grid import make_grid
 from ._inputs import PiecewiseConstant
+from ._kept import traced_once
 from ._loop import Integrator
 from ._misc import state_dtype
 from ._solution import Solution
@@ -263,7 +264,7 @@ def _integrator(vector_field, y0, args, solver, controller, max_steps, throw):
     if jtu.tree_leaves(args_static):
         vector_field = _with_static_args(vector_field, args_static)
     flat0, unravel, pack = _pack(y0)
-    vf_flat = _flat_vector_field(vector_field, y0, unravel, pack)
+    vf_flat = traced_once(_flat_vector_field(vector_field, y0, unravel, pack))
     integ = Integrator(vf_flat, solver, controller, max_steps, throw=throw)
     return integ, args, flat0, unravel
 
