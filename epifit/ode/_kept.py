@@ -9,7 +9,9 @@ noted values of its stages (`recording`) where the checkpoint adjoint asks
 for them, and the one-step pull-back hands them back (`injecting`) to the
 stages it recomputes and to the parameters' batched pull-back, so neither
 computes them again (measurements: `epifit/ode/README.md`).
-Both contexts act at trace time only.
+Both contexts act at trace time only. `solve` evaluates its vector field
+through [`traced_once`][], which traces it once per signature and passes
+these values as the traced call's operands and outputs.
 """
 
 from __future__ import annotations
