@@ -57,35 +57,17 @@ def test_forward_benchmark_writes_its_records(tmp_path):
 
 
 @pytest.mark.slow
-def test_gradient_benchmark_agrees_with_the_reference(tmp_path):
-    out = tmp_path / "gradient.json"
-    run(
-        "gradient.py",
-        *("--tools", "epifit", "--adjoints", "checkpoint", "--skip", "epifit-bosh3"),
-        *("--repeats", "2", "--budget", "5", "--ref-dir", str(tmp_path)),
-        *("--json", str(out)),
-    )
-    (rec,) = json.loads(out.read_text())
-    keys = ["tool", "adjoint", "default", "dtype", "n_patches", "fwd_compile_s"]
-    keys += ["fwd_s", "grad_compile_s", "grad_s", "peak_rss_mb", "grad_rel_err"]
-    check_record(rec, keys)
-    assert rec["config"] == "epifit-checkpoint" and rec["default"] is True
-    # float32 at rtol 1e-3 against the float64 reference (measured 8e-4); a
-    # gradient of the wrong parameters or loss would be off by O(1)
-    assert rec["grad_rel_err"] < 5e-3
-    assert (tmp_path / "gradient_ref_12_15.npz").exists()
-
-
-@pytest.mark.slow
-def test_gradient_benchmark_rounds_take_ratios_within_a_round(tmp_path):
+def test_gradient_benchmark_rounds_agree_with_the_reference(tmp_path):
     """`--rounds 2` runs every configuration twice, in turn: each record
-    names its round, the ratios are taken against epifit's default of the
-    same round, and the medians are printed after the rounds."""
+    names its round, carries the required fields and its error against the
+    float64 reference (computed once, kept in `--ref-dir`), the ratios are
+    taken against epifit's default of the same round, and the medians are
+    printed after the rounds."""
     out = tmp_path / "gradient.json"
     proc = run(
         "gradient.py",
         *("--tools", "epifit", "--adjoints", "checkpoint", "--rounds", "2"),
-        *("--repeats", "2", "--budget", "3", "--ref-max-patches", "0"),
+        *("--repeats", "2", "--budget", "3", "--ref-dir", str(tmp_path)),
         *("--json", str(out)),
     )
     records = json.loads(out.read_text())
@@ -95,6 +77,16 @@ def test_gradient_benchmark_rounds_take_ratios_within_a_round(tmp_path):
         ("epifit-checkpoint", 1),
         ("epifit-bosh3", 1),
     ]
+    keys = ["tool", "adjoint", "default", "dtype", "n_patches", "fwd_compile_s"]
+    keys += ["fwd_s", "grad_compile_s", "grad_s", "peak_rss_mb", "grad_rel_err"]
+    for rec in records:
+        check_record(rec, keys)
+        # float32 at rtol 1e-3 against the float64 reference (measured 8e-4
+        # with Tsit5, 9e-3 with the third-order Bosh3); a gradient of the
+        # wrong parameters or loss would be off by O(1)
+        assert rec["grad_rel_err"] < (5e-3 if rec["default"] else 5e-2), rec
+    assert [r["default"] for r in records] == [True, False, True, False]
+    assert (tmp_path / "gradient_ref_12_15.npz").exists()
     for base, bosh in (records[:2], records[2:]):
         assert base["grad_vs_epifit"] == 1.0
         assert bosh["grad_vs_epifit"] == bosh["grad_s"] / base["grad_s"]
