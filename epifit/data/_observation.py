@@ -32,7 +32,9 @@ class AbstractObservationModel(eqx.Module):
 
     `predicted` and `observed` have the same shape (e.g. `(time, patch)`);
     `mask` (optional, same shape) is `True` where an observation counts. NaN
-    observations are always treated as missing.
+    observations are always treated as missing. A family implements
+    `point_log_likelihood` and `loss`; `log_likelihood` is the sum of the
+    points'.
     """
 
     @abc.abstractmethod
@@ -44,7 +46,7 @@ class AbstractObservationModel(eqx.Module):
     ) -> Float[Array, "*shape"]:
         """The log-likelihood of every point (exactly 0 where masked or NaN)."""
 
-    @abc.abstractmethod
+    @jax.jit
     def log_likelihood(
         self,
         predicted: Real[ArrayLike, "*shape"],
@@ -53,6 +55,7 @@ class AbstractObservationModel(eqx.Module):
     ) -> Scalar:
         """Sum of the log-likelihoods of the unmasked points (`weight` does
         not enter it)."""
+        return jnp.sum(self.point_log_likelihood(predicted, observed, mask))
 
     @abc.abstractmethod
     def loss(
@@ -62,6 +65,17 @@ class AbstractObservationModel(eqx.Module):
         mask: Bool[ArrayLike, "*shape"] | None = None,
     ) -> Scalar:
         """A loss to minimise: the negative log-likelihood up to a constant."""
+
+
+class _AbstractWeightedLikelihood(AbstractObservationModel):
+    """A family whose loss is its whole negative log-likelihood times the
+    observation's relative `weight`."""
+
+    weight: eqx.AbstractVar[float]
+
+    @jax.jit
+    def loss(self, predicted, observed, mask=None) -> Scalar:
+        return self.weight * -self.log_likelihood(predicted, observed, mask)
 
 
 class Gaussian(AbstractObservationModel):
@@ -121,10 +135,6 @@ class Gaussian(AbstractObservationModel):
         return jnp.where(mask, point, 0.0)
 
     @jax.jit
-    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
-        return jnp.sum(self.point_log_likelihood(predicted, observed, mask))
-
-    @jax.jit
     def loss(self, predicted, observed, mask=None) -> Scalar:
         predicted, observed, mask = _prepare(predicted, observed, mask)
         weight = jnp.broadcast_to(self.weight, observed.shape)
@@ -132,7 +142,7 @@ class Gaussian(AbstractObservationModel):
         return jnp.sum(jnp.where(mask, point, 0.0))
 
 
-class Normal(AbstractObservationModel):
+class Normal(_AbstractWeightedLikelihood):
     """Normal noise of standard deviation `sd`: a true log-likelihood.
 
     `sd` may be a scalar or an array broadcast against the observations (e.g.
@@ -168,16 +178,8 @@ class Normal(AbstractObservationModel):
         point = -0.5 * jnp.square(z) - jnp.log(sd) - 0.5 * np.log(2.0 * np.pi)
         return jnp.where(mask, point, 0.0)
 
-    @jax.jit
-    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
-        return jnp.sum(self.point_log_likelihood(predicted, observed, mask))
 
-    @jax.jit
-    def loss(self, predicted, observed, mask=None) -> Scalar:
-        return self.weight * -self.log_likelihood(predicted, observed, mask)
-
-
-class Poisson(AbstractObservationModel):
+class Poisson(_AbstractWeightedLikelihood):
     """Poisson counts with mean `predicted` (which must be >= 0).
 
     `loss` is the negative log-likelihood times `weight` (default 1), the
@@ -201,16 +203,8 @@ class Poisson(AbstractObservationModel):
         point = _xlogy(observed, predicted) - predicted - gammaln(observed + 1.0)
         return jnp.where(mask, point, 0.0)
 
-    @jax.jit
-    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
-        return jnp.sum(self.point_log_likelihood(predicted, observed, mask))
 
-    @jax.jit
-    def loss(self, predicted, observed, mask=None) -> Scalar:
-        return self.weight * -self.log_likelihood(predicted, observed, mask)
-
-
-class NegativeBinomial(AbstractObservationModel):
+class NegativeBinomial(_AbstractWeightedLikelihood):
     """Negative binomial counts with mean `predicted` and a `dispersion` phi.
 
     The variance is `mean + mean^2 / dispersion` (Stan's `neg_binomial_2`, the
@@ -245,14 +239,6 @@ class NegativeBinomial(AbstractObservationModel):
             - observed * jnp.log(phi + predicted)
         )
         return jnp.where(mask, point, 0.0)
-
-    @jax.jit
-    def log_likelihood(self, predicted, observed, mask=None) -> Scalar:
-        return jnp.sum(self.point_log_likelihood(predicted, observed, mask))
-
-    @jax.jit
-    def loss(self, predicted, observed, mask=None) -> Scalar:
-        return self.weight * -self.log_likelihood(predicted, observed, mask)
 
 
 def _prepare(predicted, observed, mask):
