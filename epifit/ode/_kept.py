@@ -66,7 +66,8 @@ def recording():
 
 @contextlib.contextmanager
 def injecting(values):
-    """Hand `values` (a list, in the order they were noted) to `take`."""
+    """Hand `values` (a list, in the order they were noted) to
+    [`kept_value`][], one a call."""
     token = _INJECT.set(list(values))
     try:
         yield
@@ -99,10 +100,8 @@ def traced_once(vf):
     call = jax.jit(evaluate, static_argnums=(5,))
 
     def traced(t, y, args, u):
-        queue = _INJECT.get()
-        given = list(queue) if queue else []
-        if queue:
-            queue.clear()
+        queue = _INJECT.get() or []
+        given, queue[:] = list(queue), []  # all of them, taken
         record = _RECORD.get() is not None
         dy, noted = call(t, y, args, u, given, record)
         for value in noted:
