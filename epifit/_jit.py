@@ -40,6 +40,20 @@ def compiler_options() -> dict:
 # and ran in 1.9 against 0.4-0.6 ms (epifit/README.md).
 _ONCE = {"xla_backend_optimization_level": 0}
 
+# A fit's output program and a simulation run once, so up to this many
+# states (every compartment's stages in every cell: the 280-patch reference
+# problem's 16 x 280) they are compiled with LLVM's optimisations off
+# (`jit(once=True)`; `Problem.compile_once`).
+# Measured 2026-12-06, lowering apart, two processes each: the 20-patch
+# counts model (320 states) compiled in 0.89-0.99 s against 1.54-1.66 s and
+# ran in 13-15 ms against 5 ms; the reference problem (4480 states, float32)
+# 1.14-1.38 s against 1.94-2.03 s, run 0.87-0.91 s against 0.48-0.52 s (its
+# spectral radius of the next-generation matrix on 120 days is most of it):
+# a gain of 0.6 and 0.2-0.5 s. Larger models keep the optimised program,
+# whose evaluation (a solve and the reproduction number's eigenproblems)
+# grows faster than its compile.
+ONCE_MAX_STATES = 4480
+
 
 @functools.cache
 def once_options() -> dict:

@@ -164,19 +164,21 @@ def test_forward_gradient_is_the_gradient_with_no_backward_pass(monkeypatch):
     np.testing.assert_allclose(f(X_SIR, SIR_U), _loss_xu(X_SIR, SIR_U), rtol=1e-14)
     value, g = jax.jit(jax.value_and_grad(f))(X_SIR, SIR_U)
     assert not traced
-    g_ref = jax.grad(_loss_xu)(X_SIR, SIR_U)
+    # the references compiled (each a program of its own, not hundreds of
+    # eager operations); the first value above is `f`'s eager call
+    grad_ref = jax.jit(jax.grad(_loss_xu))
+    g_ref = grad_ref(X_SIR, SIR_U)
     assert traced  # the reference went through the adjoint
     np.testing.assert_allclose(value, _loss_xu(X_SIR, SIR_U), rtol=1e-14)
     # forward mode also differentiates the step-size control: 3e-10, measured
     np.testing.assert_allclose(g, g_ref, rtol=1e-8)
     xs = jnp.stack([X_SIR, 1.1 * X_SIR])
-    gs = jax.vmap(jax.grad(f), (0, None))(xs, SIR_U)
-    np.testing.assert_allclose(gs[1], jax.grad(_loss_xu)(xs[1], SIR_U), rtol=1e-8)
-    np.testing.assert_allclose(
-        jax.hessian(f)(X_SIR, SIR_U), jax.hessian(_loss_xu)(X_SIR, SIR_U), rtol=1e-8
-    )
-    gx, gu = jax.grad(f, argnums=(0, 1))(X_SIR, SIR_U)
-    gx_ref, gu_ref = jax.grad(_loss_xu, argnums=(0, 1))(X_SIR, SIR_U)
+    gs = jax.jit(jax.vmap(jax.grad(f), (0, None)))(xs, SIR_U)
+    np.testing.assert_allclose(gs[1], grad_ref(xs[1], SIR_U), rtol=1e-8)
+    hessians = [jax.jit(jax.hessian(h))(X_SIR, SIR_U) for h in (f, _loss_xu)]
+    np.testing.assert_allclose(*hessians, rtol=1e-8)
+    gx, gu = jax.jit(jax.grad(f, argnums=(0, 1)))(X_SIR, SIR_U)
+    gx_ref, gu_ref = jax.jit(jax.grad(_loss_xu, argnums=(0, 1)))(X_SIR, SIR_U)
     np.testing.assert_allclose(gx, gx_ref, rtol=1e-12)
     np.testing.assert_allclose(gu, gu_ref, rtol=1e-12)
     assert float(jnp.max(jnp.abs(gu))) > 0
@@ -193,8 +195,11 @@ CHECKPOINT_VARIANTS = {
 @functools.cache
 def _unrolled_tsit5(dt):
     """`(loss, gradient)` at `X_SIR` of jax.grad through an unrolled loop of
-    fixed Tsit5 steps of size `dt` (evaluated eagerly: compiling the unrolled
-    gradient takes minutes), computed once for all the checkpoint variants."""
+    fixed Tsit5 steps of size `dt`, computed once for all the checkpoint
+    variants. The loop runs eagerly (compiling the unrolled gradient takes
+    minutes) over one jitted step, whose forward and pull-back programs are
+    compiled once each rather than as hundreds of eager operations."""
+    step = jax.jit(functools.partial(Tsit5().fresh_step, _sir))
 
     def unrolled(x):
         args = {"beta": x[0], "gamma": x[1]}
@@ -205,7 +210,7 @@ def _unrolled_tsit5(dt):
             for t0 in np.arange(k, k + 1, dt):
                 day = int(np.floor(t0 + 0.5))
                 u = SIR_U[day]
-                y = Tsit5().fresh_step(_sir, t0, t0 + dt, y, args, u)
+                y = step(t0, t0 + dt, y, args, u)
         out.append(y["I"])
         return jnp.sum(jnp.stack(out) ** 2)
 

@@ -103,6 +103,23 @@ def _reference_loss(model, cov, init, data, sm, adjoint, ctrl=CTRL):
 
 
 @pytest.fixture(scope="module")
+def gradient20(reference20, reference_problem):
+    """epifit's gradient of the reference loss at 20 patches at `p_init`, by
+    adjoint name: compiled once for the comparison with diffrax and the
+    directional derivatives."""
+    P, model, cov, init, _ = reference20
+    data, p0 = jnp.asarray(P["data"]), jnp.asarray(P["p_init"])
+
+    @functools.cache
+    def gradient(name):
+        adjoint = ADJOINTS[name]
+        loss = _reference_loss(model, cov, init, data, reference_problem, adjoint)
+        return np.asarray(jax.jit(jax.grad(loss))(p0))
+
+    return gradient
+
+
+@pytest.fixture(scope="module")
 def diffrax_gradient20(reference20, reference_problem):
     """diffrax's gradient of the reference loss at 20 patches at `p_init`
     (Tsit5 at tight tolerance restarted on each half day, where the day index
@@ -149,22 +166,16 @@ def diffrax_gradient20(reference20, reference_problem):
 @pytest.mark.parametrize(
     "name", ["checkpoint", "backsolve", "interpolating", "quadrature"]
 )
-def test_reference_model_gradient_matches_diffrax(
-    reference20, reference_problem, diffrax_gradient20, name
-):
+def test_reference_model_gradient_matches_diffrax(gradient20, diffrax_gradient20, name):
     """The reference at 20 patches with its MLP: epifit's gradients w.r.t. the flat
     parameter vector against diffrax's (`diffrax_gradient20`)."""
-    P, model, cov, init, _ = reference20
-    data = jnp.asarray(P["data"])
-    p0 = jnp.asarray(P["p_init"])
-    g_ref = diffrax_gradient20
-    loss = _reference_loss(model, cov, init, data, reference_problem, ADJOINTS[name])
-    g = jax.jit(jax.grad(loss))(p0)
-    assert _rel(g, g_ref) < 1e-5
+    assert _rel(gradient20(name), diffrax_gradient20) < 1e-5
 
 
 @pytest.mark.slow
-def test_reference_model_directional_derivatives(reference20, reference_problem):
+def test_reference_model_directional_derivatives(
+    reference20, reference_problem, gradient20
+):
     """Directional finite differences along random directions, all adjoints."""
     P, model, cov, init, _ = reference20
     data = jnp.asarray(P["data"])
@@ -173,10 +184,7 @@ def test_reference_model_directional_derivatives(reference20, reference_problem)
     dirs = rng.normal(size=(3, p0.size))
     base = jax.jit(_reference_loss(model, cov, init, data, reference_problem, None))
     for name in ("checkpoint", "backsolve", "interpolating", "quadrature"):
-        loss = _reference_loss(
-            model, cov, init, data, reference_problem, ADJOINTS[name]
-        )
-        g = np.asarray(jax.jit(jax.grad(loss))(p0))
+        g = gradient20(name)
         for d in dirs:
             eps = 1e-6
             fd = (float(base(p0 + eps * d)) - float(base(p0 - eps * d))) / (2 * eps)

@@ -15,7 +15,7 @@ from epifit._jit import compiler_options, jit
 from epifit.fitting import calibrate
 from epifit.fitting._optimize import Optimizer
 from epifit.fitting._resolve import fit_config, resolve_fit
-from epifit.simulation import Problem
+from epifit.simulation import Problem, simulate
 
 SIR = (REPO / "models" / "sir.toml", REPO / "data" / "boarding_school_1978.nc")
 NEURAL = (
@@ -140,6 +140,19 @@ def test_a_fit_from_files_compiles_no_eager_operation(files):
         )
     assert names == ["jit(call)", "jit(call)", "jit(fit_outputs)"]
     assert np.isfinite(result.loss)
+
+
+@pytest.mark.parametrize("files", [SIR, NEURAL], ids=["sir", "neural"])
+def test_a_simulation_compiles_one_program(files):
+    """`simulate` solves, computes the trajectory's numbers (predictions,
+    reproduction number, derived series) and the constrained values in one
+    program, `jit(simulation)`, and runs no eager operation (the 20-patch
+    counts model's simulation compiled 56 programs before, the solve's
+    set-up and each operation of the numbers its own)."""
+    with compiled_names() as names:
+        ds = simulate(*files)
+    assert names == ["jit(simulation)"]
+    assert np.isfinite(ds["state"].values).all()
 
 
 def test_several_starts_are_screened_by_the_fit_own_first_evaluation(sir):

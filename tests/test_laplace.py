@@ -224,7 +224,7 @@ def test_the_laplace_approximation_spans_the_mlp_under_its_prior(tmp_path):
     x = free.x0
     data = objective.data()
     lap = laplace(objective, x, data, method="hessian")
-    Hp = np.asarray(jax.hessian(objective.penalty)(x, data))
+    Hp = np.asarray(jax.jit(jax.hessian(objective.penalty))(x, data))
     Hd = lap.hessian - Hp  # Poisson: H = Hd + Hp
     # the data alone leave MLP directions without curvature ...
     w = np.linalg.eigvalsh(Hd)

@@ -161,12 +161,12 @@ def test_prior_gradient_and_hessian_agree_with_finite_differences(metapop):
         return free.penalty(v, free.rest)
 
     assert float(penalty(jnp.asarray(x))) == pytest.approx(f(x), rel=1e-12)
-    g = np.asarray(jax.grad(penalty)(jnp.asarray(x)))
+    g = np.asarray(jax.jit(jax.grad(penalty))(jnp.asarray(x)))
     h = 1e-5
     eye = np.eye(free.n)
     g_fd = np.array([(f(x + h * e) - f(x - h * e)) / (2 * h) for e in eye])
     np.testing.assert_allclose(g, g_fd, rtol=1e-7, atol=1e-8)
-    H = np.asarray(jax.hessian(penalty)(jnp.asarray(x)))
+    H = np.asarray(jax.jit(jax.hessian(penalty))(jnp.asarray(x)))
     # the Hessian by central differences of the NumPy gradient-free function,
     # column by column from the FD gradient (h large enough for 1e-6)
     hh = 1e-4
@@ -217,12 +217,12 @@ def test_smoothing_prior_is_recorded_and_differentiates_like_fd():
         return free.penalty(v, free.rest)
 
     assert float(penalty(jnp.asarray(x))) == pytest.approx(f(x), rel=1e-12)
-    g = np.asarray(jax.grad(penalty)(jnp.asarray(x)))
+    g = np.asarray(jax.jit(jax.grad(penalty))(jnp.asarray(x)))
     eye = np.eye(free.n)
     h = 1e-5
     g_fd = np.array([(f(x + h * e) - f(x - h * e)) / (2 * h) for e in eye])
     np.testing.assert_allclose(g, g_fd, rtol=1e-7, atol=1e-8)
-    H = np.asarray(jax.hessian(penalty)(jnp.asarray(x)))
+    H = np.asarray(jax.jit(jax.hessian(penalty))(jnp.asarray(x)))
     hh = 1e-3
     H_fd = np.array(
         [

@@ -9,6 +9,7 @@ import shlex
 import epifit.cli._flags as _flags
 from epifit._paths import existing_file, output_file, output_lock
 from epifit.cli._json import dumps
+from epifit.cli._stored import programs_kept
 
 
 def _tolerance_args(p: argparse.ArgumentParser) -> None:
@@ -84,7 +85,7 @@ def _simulate(a) -> int:
     # before the solve, not after it
     inputs = {"the model": model, "--data": data, "--params": params}
     out = output_file(a.out, inputs=inputs)
-    with output_lock(out):
+    with output_lock(out), programs_kept(a):
         ds = simulate(
             model,
             data,

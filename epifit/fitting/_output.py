@@ -40,19 +40,6 @@ __all__ = [
     "output_program",
 ]
 
-# The output program runs once a fit, so up to this many states (every
-# compartment's stages in every cell: the 280-patch reference problem's 16 x
-# 280) it is compiled with LLVM's optimisations off (`jit(once=True)`).
-# Measured 2026-12-06, lowering apart, two processes each: the 20-patch
-# counts model (320 states) compiled in 0.89-0.99 s against 1.54-1.66 s and
-# ran in 13-15 ms against 5 ms; the reference problem (4480 states, float32)
-# 1.14-1.38 s against 1.94-2.03 s, run 0.87-0.91 s against 0.48-0.52 s (its
-# spectral radius of the next-generation matrix on 120 days is most of it):
-# a gain of 0.6 and 0.2-0.5 s. Larger models keep the optimised program,
-# whose evaluation (a solve and the reproduction number's eigenproblems)
-# grows faster than its compile.
-ONCE_MAX_STATES = 4480
-
 
 def output_program(objective: Objective, *, solve: bool):
     """The compiled `(x, se_x, z, data) -> outputs` (`solve=True`: it solves
@@ -75,9 +62,10 @@ def output_program(objective: Objective, *, solve: bool):
             def fit_outputs(x, se_x, z, data, ys):
                 return _outputs(objective, x, se_x, z, data, ys)
 
-        # evaluated once a fit: compiled for that up to the reference size;
-        # kept across CLI runs with the same inputs (`epifit._stored`)
-        once = objective.problem.n_states <= ONCE_MAX_STATES
+        # evaluated once a fit: compiled for that up to the reference size
+        # (`Problem.compile_once`); kept across CLI runs with the same inputs
+        # (`epifit._stored`)
+        once = objective.problem.compile_once
         cache[solve] = stored(
             f"fit_outputs {solve}", fit_outputs, out_tree=None, once=once
         )

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
+from epifit._jit import ONCE_MAX_STATES
 from epifit._memory import check_memory
 from epifit._paths import file_sha256
 from epifit.data import (
@@ -180,6 +181,13 @@ class Problem:
         """The size of a solve's state: every compartment's stages in every
         cell."""
         return sum(self.model.stages.values()) * self.n_cells
+
+    @property
+    def compile_once(self) -> bool:
+        """Whether a program evaluated once on this problem (a simulation, a
+        fit's outputs) is compiled for one cheap evaluation
+        (`epifit.jit(once=True)`): up to `ONCE_MAX_STATES` states."""
+        return self.n_states <= ONCE_MAX_STATES
 
     # ------------------------------------------------------------------ solving
     @property
