@@ -171,6 +171,18 @@ def test_simulate_takes_solver_settings_and_records_them(model):
     )
 
 
+def test_a_failed_solve_is_the_solvers_own_error(model):
+    """The simulation's program solves without raising (`throw=False`); a
+    failed solve is raised as the solver's own `SolverError`, with the
+    segment and the cause."""
+    from epifit.ode import SolverError
+    from epifit.simulation import SolverSettings
+
+    few = SolverSettings(rtol=1e-10, atol=1e-12, max_steps=2)
+    with pytest.raises(SolverError, match=r"segment 0 .*steps per segment \(2\)"):
+        epifit.simulate(model, days=3, n_patches=2, settings=few)
+
+
 def test_units_come_from_the_data(tmp_path):
     model = tmp_path / "decay_data.toml"
     model.write_text(DECAY_FROM_DATA)
