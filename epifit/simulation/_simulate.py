@@ -222,8 +222,8 @@ def _solved(problem: Problem, params, settings: SolverSettings):
     inputs (`epifit._stored`). Run eagerly, each JAX operation of the solve's
     set-up and of the numbers was a small program of its own, compiled on
     first use: 56 compiles, 2.6 s of XLA in a 4.2 s call, for the 20-patch
-    counts model (one compile, 1.9 s, now). A failed solve raises its
-    `SolverError`."""
+    counts model (now one compile, 0.9 s, in a 1.9 s call). A failed solve
+    raises its `SolverError`."""
     model = problem.model
     neural = [n.name for n in problem.spec.neural]
     arrays, static = eqx.partition(params, eqx.is_array)
