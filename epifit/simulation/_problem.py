@@ -31,6 +31,7 @@ from epifit.model import (
     sparse_coupling,
 )
 from epifit.ode import Solution
+from epifit.simulation._eager import solve_run
 from epifit.simulation._run import ModelRun
 from epifit.simulation._settings import SolverSettings
 from epifit.simulation._stamps import (
@@ -239,7 +240,7 @@ class Problem:
         run = ModelRun(
             self.model, self.ts, self.n_cells, self.dtype, settings, breaks=self.breaks
         )
-        return run(params, arrays["covariates"], arrays["initial"], throw=throw)
+        return solve_run(self, run, params, arrays, throw)
 
     def predict(self, params, ys, arrays=None) -> dict[str, jnp.ndarray]:
         """The expected value of every observation at its compared stamps
