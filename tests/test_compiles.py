@@ -1,22 +1,25 @@
 """What a cold fit compiles: counted XLA compiles and traced evaluation sites,
 never wall-clock time (`epifit/fitting/README.md`, the cost model)."""
 
+import collections
 import contextlib
 import logging
 import re
 
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import REPO
 
 import epifit.model._compiled as compiled_module
+import epifit.ode._solve as ode_solve_module
 from epifit._jit import compiler_options, jit
 from epifit.fitting import calibrate
 from epifit.fitting._optimize import Optimizer
 from epifit.fitting._resolve import fit_config, resolve_fit
-from epifit.ode import Result, SolverError
+from epifit.ode import Result, SolverError, solve
 from epifit.simulation import Problem, simulate
 
 SIR = (REPO / "models" / "sir.toml", REPO / "data" / "boarding_school_1978.nc")
@@ -190,6 +193,63 @@ def test_an_eager_solve_that_fails_raises_the_solvers_error(sir):
         problem.solve(params, max_steps=2)
     sol = problem.solve(params, max_steps=2, throw=False)
     assert int(sol.result) == Result.MAX_STEPS_REACHED
+
+
+def _sir(t, y, args, u):
+    beta, gamma = args
+    infection = beta * y["S"] * y["I"]
+    return {"S": -infection, "I": infection - gamma * y["I"]}
+
+
+SIR0 = {"S": jnp.array(0.99), "I": jnp.array(0.01)}
+
+
+def test_an_eager_ode_solve_is_kept_for_its_vector_field():
+    """`epifit.ode.solve` outside a trace compiles one program per vector
+    field, save times, method and operand structure, kept for the next call:
+    other values compile nothing (it compiled its loops again at every call,
+    0.4 s for this two-state SIR). It solves as the same solve traced, keeps
+    the grid's counts as Python ints, and a failed solve raises the solver's
+    error (or, with `throw=False`, returns its code from the same program)."""
+    ts = np.arange(30.0)
+    with compiled_names() as names:
+        first = solve(_sir, SIR0, (0.5, 0.2), ts=ts)
+        with count_compiles() as again:
+            second = solve(_sir, SIR0, (0.6, 0.2), ts=ts)
+    assert names == ["jit(ode_solve)"] and again == [0]
+    traced = jax.jit(lambda a: solve(_sir, SIR0, a, ts=ts).ys)((0.5, 0.2))
+    np.testing.assert_allclose(first.ys["I"], traced["I"], rtol=1e-12)
+    assert second.ys["I"].max() > first.ys["I"].max()  # a larger beta
+    assert first.stats["num_segments"] == 29
+    assert isinstance(first.stats["num_segments"], int)
+    with count_compiles() as n:
+        with pytest.raises(SolverError, match=r"segment 0 .*maximum number"):
+            solve(_sir, SIR0, (0.5, 0.2), ts=ts, max_steps=1)
+        failed = solve(_sir, SIR0, (0.5, 0.2), ts=ts, max_steps=1, throw=False)
+    assert n == [1]  # one program: `max_steps` is part of it, `throw` is not
+    assert int(failed.result) == Result.MAX_STEPS_REACHED
+
+
+def test_only_the_most_recent_eager_ode_solves_are_kept(monkeypatch):
+    """A vector field made anew for every call does not keep every program
+    it compiled: the oldest goes (and compiles again when called again)."""
+    monkeypatch.setattr(ode_solve_module, "KEPT_PROGRAMS", 2)
+    monkeypatch.setattr(ode_solve_module, "_KEPT", collections.OrderedDict())
+    fields = [lambda t, y, a, u, k=k: -(a + k) * y for k in range(3)]
+    for f in fields:
+        solve(f, jnp.array(1.0), 0.5, ts=[0.0, 1.0])
+    assert len(ode_solve_module._KEPT) == 2
+    with count_compiles() as n:
+        solve(fields[2], jnp.array(1.0), 0.7, ts=[0.0, 1.0])  # kept
+    assert n == [0]
+    with count_compiles() as n:
+        solve(fields[0], jnp.array(1.0), 0.7, ts=[0.0, 1.0])  # gone
+    assert n == [1]
+
+
+def test_a_vector_field_without_the_inputs_argument_is_refused():
+    with pytest.raises(TypeError, match=r"must take \(t, y, args, u\).*add the"):
+        solve(lambda t, y, args: -y, jnp.array(1.0), ts=[0.0, 1.0])
 
 
 def test_several_starts_are_screened_by_the_fit_own_first_evaluation(sir):

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import re
+import warnings
 from pathlib import Path
 
 import jax
@@ -30,6 +31,7 @@ from epifit.fitting import (
     plot_profile,
     profile,
 )
+from epifit.fitting._profile import _entry_transform, profile_objective
 from epifit.fitting._profile_result import crossings
 
 REPO = Path(__file__).resolve().parents[1]
@@ -242,6 +244,21 @@ def test_bad_arguments_are_located(fitted, parameter, kw, message):
     with pytest.raises(ProfileError, match=message) as e:
         profile(path, parameter, **kw)
     assert str(e.value).startswith(f"{path}: ") and "\n" not in str(e.value)
+
+
+def test_an_entry_transform_is_float64_in_a_float32_session(fitted):
+    """The profile maps its grid to the parameter's scale in float64 when the
+    session computes in float32, and silently (it asked JAX for float64
+    arrays without x64: a truncation warning, and float32 values)."""
+    objective = profile_objective(fitted[0])
+    c = _entry_transform(objective, objective.free.labels.index("gamma"))
+    u = np.array([-3.0, 0.1, 2.0 + 1e-12])
+    with jax.enable_x64(False), warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = c(u)
+    assert out.dtype == np.float64
+    np.testing.assert_allclose(out, _softplus(u), rtol=1e-15)
+    assert out[2] != c(np.array([2.0]))[0]  # beyond float32's resolution
 
 
 def test_crossings_interpolate_the_signed_root():

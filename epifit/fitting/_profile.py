@@ -458,14 +458,18 @@ def _entry_transform(objective: Objective, j: int):
     spec = {p.name: p for p in objective.problem.spec.parameters}.get(name)
 
     def c(u):
-        u = jnp.asarray(u, jnp.float64)
-        if spec is None:
-            out = u
-        elif spec.per_time is not None:  # levels only (periodic ones refused)
-            out = constrain_coefficients(spec, jnp.atleast_1d(u)).reshape(u.shape)
-        else:
-            out = constrain(spec.transform, u, *spec.bounds)
-        return np.asarray(out, np.float64)
+        # in float64 whatever the session's precision (as the audit's
+        # reference: `jnp.asarray(u, float64)` alone warned and truncated)
+        with jax.enable_x64(True):
+            u = jnp.asarray(u, jnp.float64)
+            if spec is None:
+                out = u
+            elif spec.per_time is not None:  # levels only (periodic refused)
+                out = constrain_coefficients(spec, jnp.atleast_1d(u))
+                out = out.reshape(u.shape)
+            else:
+                out = constrain(spec.transform, u, *spec.bounds)
+            return np.asarray(out, np.float64)
 
     return c
 

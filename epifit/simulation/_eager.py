@@ -11,6 +11,7 @@ the bit (measured 2026-12-07).
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Mapping
 from typing import Any
@@ -51,14 +52,17 @@ def solve_run(
         return run(params, covariates, initial, throw=throw)
     dynamic, _ = eqx.partition(params, eqx.is_array)
     try:
-        sol = jax.block_until_ready(program(dynamic, covariates, initial))
+        sol = jax.block_until_ready(program.run(dynamic, covariates, initial))
     except jax.errors.JaxRuntimeError:
         # a host-side check raised inside the program, where its error is
         # wrapped: run eagerly, for the check's own error
         return run(params, covariates, initial, throw=throw)
     if throw and int(sol.result) != Result.SUCCESSFUL:
         return run(params, covariates, initial, throw=True)  # its SolverError
-    return sol
+    # the statistics in the traced solve's order, its Python ints as such
+    traced = program.traced_stats
+    stats = {k: v if isinstance(v, int) else sol.stats[k] for k, v in traced.items()}
+    return dataclasses.replace(sol, stats=stats)
 
 
 def _program(problem, run: ModelRun, params):
@@ -83,11 +87,20 @@ def _program(problem, run: ModelRun, params):
         return None
     programs = _PROGRAMS.setdefault(problem, {})
     if key not in programs:
-        static = eqx.partition(params, eqx.is_array)[1]
+        programs[key] = _Program(run, eqx.partition(params, eqx.is_array)[1])
+    return programs[key]
 
+
+class _Program:
+    """A compiled solve (`run`), and the statistics of its solution as traced
+    (`traced_stats`: the grid's counts are Python ints there)."""
+
+    def __init__(self, run: ModelRun, static):
         def solved(dynamic, covariates, initial):
             p = eqx.combine(dynamic, static)
-            return run(p, covariates, initial, throw=False)
+            sol = run(p, covariates, initial, throw=False)
+            self.traced_stats = dict(sol.stats)
+            return sol
 
-        programs[key] = jit(solved)
-    return programs[key]
+        self.run = jit(solved)
+        self.traced_stats: dict = {}
