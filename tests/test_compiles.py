@@ -183,6 +183,18 @@ def test_an_eager_solve_is_one_program_compiled_once():
     assert not np.array_equal(first.ys["E"], second.ys["E"])
 
 
+def test_an_eager_solve_takes_python_numbers_as_arguments(sir):
+    """Parameters given as Python numbers are the kept program's arguments,
+    as arrays are: another value compiles nothing."""
+    params = {k: float(v) for k, v in sir.init_params().items()}
+    with compiled_names() as names:
+        low = sir.solve(params)
+        with count_compiles() as again:
+            high = sir.solve({**params, "beta": params["beta"] + 0.1})
+    assert names == ["jit(solved)"] and again == [0]
+    assert high.ys["I"].max() > low.ys["I"].max()
+
+
 def test_an_eager_solve_that_fails_raises_the_solvers_error(sir):
     """The kept program solves with `throw=False`; a failed solve raises the
     solver's own `SolverError` (segment, time, cause) as the eager solve did,

@@ -50,7 +50,7 @@ def solve_run(
     program = _program(problem, run, params)
     if program is None:  # a non-array leaf that cannot be a cache key
         return run(params, covariates, initial, throw=throw)
-    dynamic, _ = eqx.partition(params, eqx.is_array)
+    dynamic, _ = eqx.partition(params, eqx.is_array_like)
     try:
         sol = jax.block_until_ready(program.run(dynamic, covariates, initial))
     except jax.errors.JaxRuntimeError:
@@ -68,8 +68,11 @@ def solve_run(
 def _program(problem, run: ModelRun, params):
     """The compiled solve of `run` for parameters shaped as `params` (their
     non-array leaves, such as a neural sub-model's activation, are part of
-    the program), or `None` where those leaves cannot be hashed."""
-    static_leaves, treedef = jax.tree.flatten(eqx.partition(params, eqx.is_array)[1])
+    the program; Python numbers are arguments, as arrays are), or `None`
+    where those leaves cannot be hashed."""
+    static_leaves, treedef = jax.tree.flatten(
+        eqx.partition(params, eqx.is_array_like)[1]
+    )
     key = (
         id(run.model),  # the program holds the model: the id is not reused
         run.ts.tobytes(),
@@ -87,7 +90,7 @@ def _program(problem, run: ModelRun, params):
         return None
     programs = _PROGRAMS.setdefault(problem, {})
     if key not in programs:
-        programs[key] = _Program(run, eqx.partition(params, eqx.is_array)[1])
+        programs[key] = _Program(run, eqx.partition(params, eqx.is_array_like)[1])
     return programs[key]
 
 
