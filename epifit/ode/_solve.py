@@ -102,8 +102,10 @@ def solve(
     compiled program, kept for the next call with the same vector field (the
     same Python object), save times, method and operand structure: a
     parameter sweep compiles once. The `KEPT_PROGRAMS` most recent programs
-    are kept. Under `jit`, `grad` or `vmap` the solve is traced into the
-    caller's program.
+    are kept. As under `jax.jit`, Python state the vector field reads (a
+    global, a closed-over NumPy array changed in place) is taken as it was
+    at the first call: pass what changes in `args`. Under `jit`, `grad` or
+    `vmap` the solve is traced into the caller's program.
 
     Returns:
         A [`epifit.ode.Solution`][].
