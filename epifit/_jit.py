@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import equinox as eqx
 import jax
 
 # XLA CPU hands small fusions, such as the error norm of a Runge-Kutta step,
@@ -82,3 +83,25 @@ def jit(fun=None, *, once: bool = False, **kwargs):
     if opts:
         kwargs["compiler_options"] = opts
     return jax.jit(fun, **kwargs)
+
+
+def split_concrete(operands, *key):
+    """`(dynamic, static, key)` for calling a kept compiled function on
+    `operands` outside a trace: their array-like leaves (Python numbers too:
+    the function's arguments), the rest (closed over, such as an MLP's
+    activation), and a hashable key of `key` with that rest's structure and
+    leaves; `None` where a leaf is a tracer or the key cannot be hashed.
+
+    For `epifit.ode.solve` and `Problem.solve` called eagerly: one program
+    per key, kept, instead of one per JAX operation at every call.
+    """
+    if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(operands)):
+        return None
+    dynamic, static = eqx.partition(operands, eqx.is_array_like)
+    leaves, treedef = jax.tree.flatten(static)
+    full = (*key, treedef, tuple(leaves))
+    try:
+        hash(full)
+    except TypeError:
+        return None
+    return dynamic, static, full

@@ -12,7 +12,7 @@ import jax.tree_util as jtu
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from epifit._jit import jit
+from epifit._jit import jit, split_concrete
 
 from ._adjoint.base import AbstractAdjoint
 from ._adjoint.checkpoint import CheckpointAdjoint
@@ -187,16 +187,10 @@ def _kept_program(vector_field, operands, ts_np, method):
     (`throw=False`) and the operands' array-like leaves to call it with, or
     `(None, None)` where an operand is traced or a non-array leaf (or the
     vector field, or the method) cannot be hashed."""
-    if any(isinstance(x, jax.core.Tracer) for x in jtu.tree_leaves(operands)):
+    split = split_concrete(operands, vector_field, ts_np.tobytes(), method)
+    if split is None:
         return None, None
-    # the solve's own split: array-likes are JAX values, the rest static
-    dynamic, static = eqx.partition(operands, eqx.is_array_like)
-    static_leaves, static_def = jtu.tree_flatten(static)
-    key = (vector_field, ts_np.tobytes(), method, static_def, tuple(static_leaves))
-    try:
-        hash(key)
-    except TypeError:
-        return None, None
+    dynamic, static, key = split
     program = _KEPT.pop(key, None)
     if program is None:
 

@@ -19,7 +19,7 @@ from typing import Any
 import equinox as eqx
 import jax
 
-from epifit._jit import jit
+from epifit._jit import jit, split_concrete
 from epifit.ode import Result, Solution
 from epifit.simulation._run import ModelRun
 
@@ -44,15 +44,17 @@ def solve_run(
     error, as an eager solve did.
     """
     covariates, initial = arrays["covariates"], arrays["initial"]
-    leaves = jax.tree.leaves((params, arrays))
-    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+    operands = (params, covariates, initial)
+    split = split_concrete(operands, *_configuration(run))
+    if split is None:  # under a trace, or not a key
         return run(params, covariates, initial, throw=throw)
-    program = _program(problem, run, params)
-    if program is None:  # a non-array leaf that cannot be a cache key
-        return run(params, covariates, initial, throw=throw)
-    dynamic, _ = eqx.partition(params, eqx.is_array_like)
+    dynamic, static, key = split
+    programs = _PROGRAMS.setdefault(problem, {})
+    if key not in programs:
+        programs[key] = _Program(run, static)
+    program = programs[key]
     try:
-        sol = jax.block_until_ready(program.run(dynamic, covariates, initial))
+        sol = jax.block_until_ready(program.run(dynamic))
     except jax.errors.JaxRuntimeError:
         # a host-side check raised inside the program, where its error is
         # wrapped: run eagerly, for the check's own error
@@ -65,15 +67,10 @@ def solve_run(
     return dataclasses.replace(sol, stats=stats)
 
 
-def _program(problem, run: ModelRun, params):
-    """The compiled solve of `run` for parameters shaped as `params` (their
-    non-array leaves, such as a neural sub-model's activation, are part of
-    the program; Python numbers are arguments, as arrays are), or `None`
-    where those leaves cannot be hashed."""
-    static_leaves, treedef = jax.tree.flatten(
-        eqx.partition(params, eqx.is_array_like)[1]
-    )
-    key = (
+def _configuration(run: ModelRun) -> tuple:
+    """What a kept solve's program depends on besides the parameters'
+    structure (`epifit._jit.split_concrete` adds it)."""
+    return (
         id(run.model),  # the program holds the model: the id is not reused
         run.ts.tobytes(),
         run.n_patches,
@@ -81,27 +78,18 @@ def _program(problem, run: ModelRun, params):
         run.settings,
         run.broadcast_rates,
         run.breaks if run.breaks is None else tuple(run.breaks),
-        treedef,
-        tuple(static_leaves),
     )
-    try:
-        hash(key)
-    except TypeError:
-        return None
-    programs = _PROGRAMS.setdefault(problem, {})
-    if key not in programs:
-        programs[key] = _Program(run, eqx.partition(params, eqx.is_array_like)[1])
-    return programs[key]
 
 
 class _Program:
-    """A compiled solve (`run`), and the statistics of its solution as traced
-    (`traced_stats`: the grid's counts are Python ints there)."""
+    """A compiled solve (`run`, of the operands' array-like leaves), and the
+    statistics of its solution as traced (`traced_stats`: the grid's counts
+    are Python ints there)."""
 
     def __init__(self, run: ModelRun, static):
-        def solved(dynamic, covariates, initial):
-            p = eqx.combine(dynamic, static)
-            sol = run(p, covariates, initial, throw=False)
+        def solved(dynamic):
+            params, covariates, initial = eqx.combine(dynamic, static)
+            sol = run(params, covariates, initial, throw=False)
             self.traced_stats = dict(sol.stats)
             return sol
 
