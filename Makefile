@@ -46,6 +46,7 @@ bench: $(STAMP)
 	  $(BIN)/python benchmarks/forecast.py --json out/bench_forecast.json; fi
 	$(BIN)/python benchmarks/coverage.py --json out/bench_coverage.json
 	$(BIN)/python benchmarks/sample.py --json out/bench_sample.json
+	$(BIN)/python benchmarks/cli.py --json out/bench_cli.json
 
 clean:
 	rm -rf $(VENV) out site .pytest_cache

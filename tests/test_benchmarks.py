@@ -132,6 +132,44 @@ def test_calibrate_benchmark_reports_a_failed_peer(tmp_path):
     assert "diffrax-tsit5 FAILED: non-finite loss at the start" in proc.stdout
 
 
+# -- cli.py ----------------------------------------------------------------------------
+@pytest.mark.slow
+def test_cli_benchmark_times_cold_and_warm_runs_of_one_fit(tmp_path):
+    """`benchmarks/cli.py` on the boarding-school SIR (3 iterations): a cold
+    and a warm `epifit calibrate` of the same fit (the same final loss as a
+    calibrate in this process), the imports, the versions installed, and
+    each target judged and printed (a 0 s target is never met)."""
+    from importlib.metadata import version
+
+    import epifit
+
+    out = tmp_path / "cli.json"
+    model = REPO / "models" / "sir.toml"
+    data = REPO / "data" / "boarding_school_1978.nc"
+    args = ["--model", str(model), "--data", str(data), "--max-iterations", "3"]
+    args += ["--warm-runs", "1", "--imports", "1", "--cold-target", "0"]
+    args += ["--warm-target", "1e9", "--json", str(out)]
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "cli.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (rec,) = json.loads(out.read_text())
+    for key in ("cold_s", "warm_median_s", "import_jax_s", "import_epifit_s"):
+        assert rec[key] > 0, (key, rec)
+    assert len(rec["warm_s"]) == 1 and rec["max_iter"] == 3
+    for package in ("jax", "jaxlib", "numpy", "ml_dtypes"):
+        assert rec[package] == version(package), (package, rec)
+    fit = epifit.calibrate(str(model), str(data), max_iterations=3, progress=False)
+    assert rec["loss"] == pytest.approx(float(fit.loss), rel=1e-6)
+    assert not rec["cold_met"] and rec["warm_met"]
+    assert "(target 0 s: NOT met)" in proc.stdout
+    assert "(target 1e+09 s: met)" in proc.stdout
+
+
 def test_peer_loss_is_nan_where_the_solve_fails():
     """`throw=False`: a diffrax solve that runs out of steps gives a NaN loss
     (what epifit's objective gives), `throw=True` an error; with enough steps
