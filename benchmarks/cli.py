@@ -41,10 +41,7 @@ IMPORTS = {
     "import_jax_s": "import jax",
     "import_epifit_s": "import epifit.fitting, epifit.cli",
 }
-VERSIONS = (
-    "import importlib.metadata as m; "
-    "print(*(m.version(p) for p in ('jax', 'jaxlib', 'numpy', 'ml_dtypes')))"
-)
+PACKAGES = ("jax", "jaxlib", "numpy", "ml_dtypes")
 
 
 def _env(cache: Path) -> dict:
@@ -84,15 +81,14 @@ def _import_s(statement: str, n: int) -> float:
 
 
 def measure(a) -> dict:
-    versions = subprocess.run(
-        [sys.executable, "-c", VERSIONS], capture_output=True, text=True, check=True
-    ).stdout.split()
+    from importlib.metadata import version  # the runs' own environment
+
     rec = {
         "config": "epifit-cli-calibrate",
         "model": Path(a.model).name,
         "data": Path(a.data).name,
         "max_iter": a.max_iter,
-        **dict(zip(("jax", "jaxlib", "numpy", "ml_dtypes"), versions, strict=True)),
+        **{package: version(package) for package in PACKAGES},
     }
     for key, statement in IMPORTS.items():
         rec[key] = _import_s(statement, a.imports)
