@@ -1,5 +1,3 @@
-import sys
+from epifit.cli import run
 
-from epifit.cli import main
-
-sys.exit(main())
+run()

@@ -78,3 +78,43 @@ def test_missing_files(tmp_path, capsys):
     argv = ["calibrate", str(MODEL), "--data", str(DATA)]
     assert main([*argv, "--out", str(tmp_path / "nodir" / "x.nc")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_the_process_keeps_dask_out_and_writes_what_main_writes(tmp_path):
+    """`python -m epifit calibrate` (`epifit.cli.run`): xarray does not import
+    Dask (installed with the test extras) into a command that does not use
+    it, and the file is the one `main` writes in a process that has Dask."""
+    import subprocess
+    import sys
+
+    import xarray as xr
+
+    argv = ["calibrate", str(MODEL), "--data", str(DATA), "--fit", str(FIT)]
+    argv += ["--no-progress", "--max-iterations", "3"]
+    # `run()` is what `python -m epifit` and the console script call
+    code = (
+        "import atexit, sys\n"
+        "def report():\n"
+        "    mods = [m for m, v in sys.modules.items() if v is not None]\n"
+        "    print('IMPORTED', [m for m in mods if m.split('.')[0] in DASK])\n"
+        "    print('XARRAY', 'xarray' in mods)\n"
+        "DASK = ('dask', 'distributed')\n"
+        "atexit.register(report)\n"
+        "from epifit.cli import run\n"
+        f"sys.argv = ['epifit', *{[*argv, '--out', 'a.nc']!r}]\n"
+        "run()\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "IMPORTED []" in proc.stdout and "XARRAY True" in proc.stdout, proc.stdout
+    assert main([*argv, "--out", str(tmp_path / "b.nc")]) == 0
+    assert "dask" in sys.modules  # this process has Dask: xarray imported it
+    a, b = (xr.load_dataset(tmp_path / f) for f in ("a.nc", "b.nc"))
+    varying = {"timing", "created", "command"}  # the run's clock and its --out
+    assert a.attrs.keys() == b.attrs.keys()
+    assert {k: v for k, v in a.attrs.items() if k not in varying} == {
+        k: v for k, v in b.attrs.items() if k not in varying
+    }
+    assert a.drop_attrs().identical(b.drop_attrs())

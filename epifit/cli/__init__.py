@@ -1,4 +1,4 @@
-"""The `epifit` command line: `main(argv) -> exit code`.
+"""The `epifit` command line: `main(argv) -> exit code`; `run()` is the process.
 
 Each sub-command is a thin handler over the library. Library errors (bad model
 files, bad data, solver failures, non-finite numbers, missing or unwritable
@@ -88,6 +88,38 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             traceback.print_exc()
         return _fail(_message(e), getattr(args, "json", False))
+
+
+# The sub-commands that use Dask (its distributed scheduler, `epifit.batch`).
+_USES_DASK = frozenset({"batch"})
+# What xarray imports when installed, though no array of a run is Dask's
+_DASK = ("dask", "distributed")
+
+
+def run() -> None:
+    """The `epifit` process (the console script and `python -m epifit`):
+    [`main`][] on `sys.argv`, Dask kept out of the process unless the command
+    uses it, then exit with `main`'s code."""
+    _without_dask(sys.argv[1:])
+    sys.exit(main())
+
+
+def _without_dask(argv: list[str]) -> None:
+    """Where Dask is installed (the `distributed` extra), xarray imports
+    `dask.array` whenever it wraps an array and `distributed` whenever it
+    writes a file (to ask for a scheduler), for arrays that are all NumPy's:
+    0.4-0.7 s of a warm `epifit calibrate` of the demo model (3.3-4.0 s).
+    For a command that does not use Dask (no argument names one of
+    `_USES_DASK`), its packages are marked absent (`sys.modules[name] =
+    None`, which `import` and `importlib.util.find_spec` read as not
+    installed) before anything imports them, and xarray takes its path for
+    an environment without Dask; the files written are the same. Only at
+    the process's start: in a process that goes on (a test, a notebook
+    calling `main`), xarray would remember Dask as absent."""
+    if _USES_DASK.intersection(argv):
+        return
+    for name in _DASK:
+        sys.modules.setdefault(name, None)
 
 
 def _message(e: BaseException) -> str:
